@@ -1,0 +1,127 @@
+"""
+Applies config files and --key=value flags to a script's config globals, e.g.
+
+    python train.py config/train_shakespeare_char.py --batch_size=32 --compile=False
+
+Arguments are applied left to right. A config file is plain Python whose top-level assignments
+override the defaults; a flag's value is read as a Python literal, else taken as a string.
+Unknown keys and wrong types are errors (an int is fine where a float is expected), because a
+typo that silently creates a new setting costs a whole run.
+"""
+import ast
+import difflib
+import io
+import json
+import os
+import sys
+import tokenize
+import traceback
+import types
+
+
+class UserError(ValueError):
+    """Bad input from the user. Scripts print its message on one line and exit non-zero (see excepthook)."""
+
+
+def excepthook(exc_type, exc, tb):
+    """sys.excepthook for the scripts: a UserError is one line on stderr, with the traceback only when
+    NANOGPT_TRACEBACK=1; any other exception is a bug and keeps its traceback."""
+    if issubclass(exc_type, UserError) and os.environ.get("NANOGPT_TRACEBACK") != "1":
+        print(f"error: {exc}", file=sys.stderr)
+    else:
+        traceback.print_exception(exc_type, exc, tb)
+
+
+def config_keys(scope: dict) -> dict:
+    """The config settings among a module's globals: public names bound to int, float, bool or str."""
+    return {k: v for k, v in scope.items() if not k.startswith("_") and type(v) in (int, float, bool, str)}
+
+
+def _checked(key: str, value, config: dict, source: str):
+    if key not in config:
+        close = difflib.get_close_matches(key, config, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the keys"
+        raise UserError(f"unknown config key '{key}' in {source}{hint}")
+    default = config[key]
+    if type(default) is float and type(value) is int:
+        return float(value)
+    if type(value) is not type(default):
+        raise UserError(f"config key '{key}' in {source} must be {type(default).__name__} "
+                        f"(default {default!r}), got {value!r}")
+    return value
+
+
+def parse_value(raw: str, default):
+    """A flag's value as a Python literal ('3e-4', 'True', "'x'"), else as the raw string.
+    Where the default is a string, the raw text is kept unless it is a quoted string."""
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+    if isinstance(default, str) and not isinstance(value, str):
+        return raw  # --wandb_run_name=2024 is the name "2024"
+    return value
+
+
+def apply_file(path: str, config: dict) -> dict:
+    """Run a config file with the current settings in scope and return the settings it changed."""
+    if not os.path.isfile(path):
+        raise UserError(f"config file '{path}' not found: give a path such as config/train_shakespeare_char.py")
+    with open(path) as f:
+        source = f.read()
+    try:
+        code = compile(source, path, "exec")
+    except SyntaxError as e:
+        raise UserError(f"config file '{path}' line {e.lineno}: syntax error: {e.msg}") from None
+    scope = dict(config)
+    exec(code, scope)
+    changed = {}
+    for key, value in scope.items():
+        if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
+            continue  # imports, helpers and private names in a config file are its own business
+        if key not in config or value is not config[key]:
+            changed[key] = _checked(key, value, config, f"config file '{path}'")
+    return changed
+
+
+def configure(config: dict, argv: list[str], script: str | None = None) -> dict:
+    """Return a copy of config with the config files and --key=value flags in argv applied in order.
+    With --help (or -h) in argv, print the settings of `script` (see describe) and exit."""
+    if script is not None and ("--help" in argv or "-h" in argv):
+        print(describe(script, config))
+        sys.exit(0)
+    config = dict(config)
+    for arg in argv:
+        if not arg.startswith("--"):
+            config.update(apply_file(arg, config))
+            continue
+        key, sep, raw = arg[2:].partition("=")  # split on the first '=' only: --wandb_run_name=lr=3e-4
+        if not sep:
+            raise UserError(f"flag '{arg}' has no value: write --{key}=VALUE")
+        config[key] = _checked(key, parse_value(raw, config.get(key)), config, f"flag '{arg}'")
+    return config
+
+
+def describe(path: str, config: dict) -> str:
+    """--help text: every setting with its default and the comment beside it in the script at path,
+    under the `# ---- section` banners that group them there."""
+    with open(path) as f:
+        tokens = list(tokenize.generate_tokens(io.StringIO(f.read()).readline))
+    comments = {tok.start[0]: tok.string.lstrip("#").strip() for tok in tokens if tok.type == tokenize.COMMENT}
+    lines = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]", ""]
+    for i, tok in enumerate(tokens):
+        row, col = tok.start
+        text = comments.get(row, "")
+        if tok.type == tokenize.COMMENT and col == 0 and text.startswith("----"):
+            lines.append(f"\n{text.strip('- ')}:")
+        elif (tok.type == tokenize.NAME and col == 0 and tok.string in config
+              and i + 1 < len(tokens) and tokens[i + 1].string == "="):
+            lines.append(f"  --{tok.string}={config[tok.string]!r}".ljust(40) + (f"  {text}" if text else ""))
+    return "\n".join(lines)
+
+
+def save(config: dict, path: str):
+    """Write the resolved config as JSON, so a run's settings stay beside its checkpoints."""
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
