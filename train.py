@@ -1,0 +1,421 @@
+"""
+Trains a GPT on one device, or on several with DDP. One CPU or GPU:
+
+    python train.py config/train_shakespeare_char.py --device=cpu --compile=False
+
+4 GPUs on one node, or 2 nodes of 8:
+
+    torchrun --standalone --nproc_per_node=4 train.py config/train_gpt2.py
+    torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=1234 train.py
+    (and --node_rank=1 on the second node)
+
+The defaults below train GPT-2 124M on OpenWebText; `python train.py --help` lists them all.
+"""
+import csv
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import configurator
+from configurator import UserError
+from model import GPT, GPTConfig, peak_flops
+
+# ---- I/O
+out_dir = "out"  # where ckpt.pt, metrics.csv and config.json go
+eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last
+log_interval = 1  # print a progress line every this many steps
+eval_iters = 200  # batches per split in each evaluation
+eval_only = False  # evaluate once and exit
+always_save_checkpoint = True  # checkpoint at every eval, not only when val loss improves
+init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt) or gpt2, gpt2-medium, gpt2-large, gpt2-xl
+seed = 1337  # seeds init, dropout and the batch sampler
+# ---- wandb logging
+wandb_log = False  # log to Weights & Biases (WANDB_MODE=offline works without network)
+wandb_project = "owt"  # wandb project name
+wandb_run_name = "gpt2"  # wandb run name
+# ---- data
+dataset = "openwebtext"  # a folder under data/ (or any path) holding train.bin, val.bin and maybe meta.pkl
+gradient_accumulation_steps = 5 * 8  # micro-steps per optimizer step, summed over all processes
+batch_size = 12  # sequences per micro-step per process
+block_size = 1024  # context length in tokens
+# ---- model
+n_layer = 12  # transformer blocks
+n_head = 12  # attention heads per block
+n_embd = 768  # width of the residual stream
+dropout = 0.0  # 0 for pretraining, try 0.1+ for finetuning
+bias = False  # biases in Linear and LayerNorm layers
+# ---- AdamW optimizer
+learning_rate = 6e-4  # peak learning rate
+max_iters = 600000  # optimizer steps in the whole run
+weight_decay = 1e-1  # decoupled weight decay on matrices
+beta1 = 0.9  # AdamW beta1
+beta2 = 0.95  # AdamW beta2
+grad_clip = 1.0  # clip the global gradient norm to this; 0 disables clipping
+# ---- learning rate schedule
+decay_lr = True  # warm up then decay along a cosine; False keeps learning_rate constant
+warmup_iters = 2000  # linear warmup steps
+lr_decay_iters = 600000  # steps until the cosine reaches min_lr; about max_iters per Chinchilla
+min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla
+# ---- system
+backend = "auto"  # DDP backend: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise)
+device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
+dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
+compile = True  # torch.compile the model: slower start, faster steps
+
+
+# ---------------------------------------------------------------------------------------------
+# distributed setup
+
+def setup_distributed(device: str, backend: str) -> tuple[int, int, int, str]:
+    """Join the process group when launched by torchrun. Returns (rank, local_rank, world_size, device)."""
+    if "RANK" not in os.environ:
+        return 0, 0, 1, device
+    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    device_type = torch.device(device).type
+    if device_type == "cuda":
+        device = f"cuda:{local_rank}"  # one GPU per process, picked by its rank on this node
+        torch.cuda.set_device(device)
+    if backend == "auto":
+        backend = "nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend)
+    return rank, local_rank, world_size, device
+
+
+def resolve_dtype(dtype: str, device_type: str) -> str:
+    """The dtype name to train in: 'auto' picks bf16 on GPUs that have it, fp16 on older GPUs, fp32 elsewhere."""
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise UserError(f"dtype '{dtype}' is not one of auto, float32, bfloat16, float16")
+    if dtype == "auto":
+        if device_type != "cuda":
+            return "float32"
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("this GPU has no bfloat16: use --dtype=float16 (or --dtype=auto)")
+    return dtype
+
+
+def check_device(device: str) -> str:
+    """The device type of `device`, or a UserError when that device is absent."""
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        raise UserError(f"device '{device}' is not a device: use cpu, cuda, cuda:N or mps") from None
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device '{device}' asked for but CUDA is not available: use --device=cpu")
+    if device_type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device '{device}' asked for but MPS is not available: use --device=cpu")
+    return device_type
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+def find_dataset(dataset: str) -> str:
+    """The folder of a dataset: a path as given, else data/<dataset> beside this file."""
+    data_dir = dataset if os.path.isdir(dataset) else os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
+    for split in ("train", "val"):
+        if not os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
+            raise UserError(f"dataset '{dataset}' has no {split}.bin in {data_dir}: "
+                            f"run python data/{os.path.basename(dataset)}/prepare.py first")
+    return data_dir
+
+
+def check_split(path: str, block_size: int, dtype=np.uint16) -> int:
+    """Number of tokens in a .bin file, or a UserError when it cannot supply one block_size + 1 window."""
+    n_bytes = os.path.getsize(path)
+    itemsize = np.dtype(dtype).itemsize
+    if n_bytes % itemsize:
+        raise UserError(f"{path} is {n_bytes} bytes, not a whole number of {itemsize}-byte tokens: prepare it again")
+    n_tokens = n_bytes // itemsize
+    if n_tokens <= block_size:
+        raise UserError(f"block_size {block_size} is not shorter than {path} ({n_tokens} tokens): "
+                        "lower block_size or add data")
+    return n_tokens
+
+
+def seed_from(key: tuple[int, ...]) -> int:
+    """A 64-bit seed that depends on every int in key, well mixed (numpy's SeedSequence)."""
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
+
+
+def get_batch(path: str, batch_size: int, block_size: int, key: tuple[int, ...], device: str,
+              dtype=np.uint16) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch_size random windows of a token file: inputs x and targets y = x shifted by one, both (B, T).
+    The window offsets come from a generator seeded by `key` alone, e.g. (seed, 0, iter, micro_step),
+    so a batch does not depend on how many processes share the work or on what ran before it."""
+    data = np.memmap(path, dtype=dtype, mode="r")  # a fresh memmap each call: a long-lived one grows in RAM
+    generator = torch.Generator().manual_seed(seed_from(key))
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).numpy()
+    rows = torch.from_numpy(data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64))  # one gather
+    x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+    if torch.device(device).type == "cuda":
+        # pinned memory lets the copy run while the GPU is still busy with the previous micro-step
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# learning rate schedule and evaluation
+
+def get_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float) -> float:
+    """Learning rate at step `it`: linear warmup to learning_rate, cosine decay to min_lr at lr_decay_iters,
+    then min_lr."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it >= lr_decay_iters:
+        return min_lr
+    progress = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (learning_rate - min_lr)
+
+
+@torch.no_grad()
+def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int = 0, world_size: int = 1,
+                  splits=("train", "val")) -> dict[str, float]:
+    """Mean loss over eval_iters batches per split, batch_fn(split, k) giving batch k. Each rank evaluates
+    its share of the k and the results are summed across ranks, so every rank returns the same numbers."""
+    model.eval()
+    out = {}
+    for split in splits:
+        losses = torch.zeros(eval_iters, device=next(model.parameters()).device)
+        for k in range(rank, eval_iters, world_size):
+            x, y = batch_fn(split, k)
+            with ctx:
+                _, loss = model(x, y)
+            losses[k] = loss.item()
+        if world_size > 1:
+            dist.all_reduce(losses)
+        out[split] = losses.mean().item()
+    model.train()
+    return out
+
+
+def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
+    """Every rank's torch RNG states (they drive dropout), in rank order. A collective: all ranks call it."""
+    state = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
+    if world_size == 1:
+        return [state]
+    states = [None] * world_size
+    dist.all_gather_object(states, state)
+    return states
+
+
+def save_checkpoint(checkpoint: dict, path: str):
+    """Write to a temporary file beside path, then rename it over path, so a crash leaves the old file whole."""
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+METRICS_COLUMNS = ["iter", "tokens", "loss", "val_loss", "train_eval_loss", "lr", "grad_norm", "dt_ms",
+                   "tokens_per_sec", "mfu"]
+
+
+def append_metrics(path: str, row: dict):
+    """Append one row to the CSV at path, writing the header first when the file is new."""
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRICS_COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+# ---------------------------------------------------------------------------------------------
+
+if __name__ == "__main__":
+    sys.excepthook = configurator.excepthook
+    config = configurator.configure(configurator.config_keys(globals()), sys.argv[1:], __file__)
+    globals().update(config)
+
+    # ---- distributed setup
+    device_type = check_device(device)
+    rank, local_rank, world_size, device = setup_distributed(device, backend)
+    ddp = world_size > 1
+    master_process = rank == 0  # only rank 0 writes files and prints
+    print0 = print if master_process else lambda *args, **kwargs: None
+    if gradient_accumulation_steps % world_size:
+        raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
+                        f"world size {world_size}: make it a multiple of the number of processes")
+    accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
+    tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+    dtype = resolve_dtype(dtype, device_type)
+    if master_process:
+        os.makedirs(out_dir, exist_ok=True)
+        print(f"world size {world_size}, device {device}, dtype {dtype}; "
+              f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps "
+              f"x {batch_size} sequences x {block_size} tokens)")
+        configurator.save(config, os.path.join(out_dir, "config.json"))
+    torch.manual_seed(seed + rank)  # dropout masks differ across ranks
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+
+    # ---- data
+    data_dir = find_dataset(dataset)
+    split_paths = {split: os.path.join(data_dir, f"{split}.bin") for split in ("train", "val")}
+    for path in split_paths.values():
+        check_split(path, block_size)
+    meta_vocab_size = None
+    if os.path.exists(os.path.join(data_dir, "meta.pkl")):
+        import pickle
+        with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
+            meta_vocab_size = pickle.load(f)["vocab_size"]
+        print0(f"vocab_size {meta_vocab_size} from {data_dir}/meta.pkl")
+
+    def train_batch(it, micro_step):
+        """This process's micro-batch `micro_step` of step `it`: part (seed, it, global micro-step) of the global batch."""
+        return get_batch(split_paths["train"], batch_size, block_size, (seed, 0, it, rank * accum_steps + micro_step), device)
+
+    def eval_batch(split, k):
+        """Evaluation batch k of split: the same windows at every evaluation, so val losses compare."""
+        return get_batch(split_paths[split], batch_size, block_size, (seed, 1, ("train", "val").index(split), k), device)
+
+    # ---- model init
+    iter_num, best_val_loss, checkpoint = 0, float("inf"), None
+    model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
+                      vocab_size=meta_vocab_size or 50304, dropout=dropout)  # 50304: GPT-2's 50257 padded for speed
+    if init_from == "scratch":
+        model = GPT(GPTConfig(**model_args))
+    elif init_from == "resume":
+        ckpt_path = os.path.join(out_dir, "ckpt.pt")
+        if not os.path.isfile(ckpt_path):
+            raise UserError(f"init_from='resume' but there is no checkpoint at {ckpt_path}: check out_dir")
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size"):
+            model_args[k] = checkpoint["model_args"][k]  # the shape comes from the checkpoint
+        model = GPT(GPTConfig(**model_args))
+        model.load_state_dict(checkpoint["model"])
+        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+        rng_states = checkpoint["rng_states"]
+        if len(rng_states) == world_size:  # same world size: each rank continues its own dropout stream
+            torch.set_rng_state(rng_states[rank]["cpu"])
+            if device_type == "cuda" and rng_states[rank]["cuda"] is not None:
+                torch.cuda.set_rng_state(rng_states[rank]["cuda"])
+        else:
+            torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
+    elif init_from.startswith("gpt2"):
+        model = GPT.from_pretrained(init_from, dict(dropout=dropout))
+        for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size"):
+            model_args[k] = getattr(model.config, k)
+    else:
+        raise UserError(f"init_from '{init_from}' is not scratch, resume or a gpt2 variant")
+    if block_size < model.config.block_size:
+        model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context
+        model_args["block_size"] = block_size
+    if meta_vocab_size is not None and meta_vocab_size > model.config.vocab_size:
+        raise UserError(f"dataset vocab_size {meta_vocab_size} is larger than the model's {model.config.vocab_size}")
+    model.to(device)
+    print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters; starting at iteration {iter_num}")
+
+    # ---- optimizer
+    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))  # fp16 needs loss scaling, bf16 not
+    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+    if checkpoint is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scaler.load_state_dict(checkpoint["scaler"])
+    wandb_run_id = checkpoint.get("wandb_run_id") if checkpoint else None
+    checkpoint = None  # free the CPU copy
+
+    # ---- compile and DDP wrap
+    raw_model = model  # what gets saved: no _orig_mod. or module. prefixes
+    if compile:
+        print0("compiling the model...")
+        model = torch.compile(model)
+    eval_model = model
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
+
+    if wandb_log and master_process:
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name, config=config, id=wandb_run_id, resume="allow")
+        wandb_run_id = wandb.run.id
+
+    # ---- training loop
+    metrics_path = os.path.join(out_dir, "metrics.csv")
+    peak = peak_flops(device)
+    start_iter = iter_num
+    X, Y = train_batch(iter_num, 0)
+    t_log, iters_since_log = time.time(), 0
+    while True:
+        lr = get_lr(iter_num, learning_rate, warmup_iters, lr_decay_iters, min_lr) if decay_lr else learning_rate
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+        # evaluate and checkpoint; skipped right after a resume, which the checkpointed eval already covered
+        if (iter_num % eval_interval == 0 or iter_num >= max_iters) and not (init_from == "resume" and iter_num == start_iter):
+            t_eval = time.time()
+            losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
+            improved = losses["val"] < best_val_loss
+            best_val_loss = min(best_val_loss, losses["val"])
+            save = iter_num > 0 and not eval_only and (improved or always_save_checkpoint)
+            rng_states = gather_rng_states(device_type, world_size) if save else None  # every rank takes part
+            if master_process:
+                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                append_metrics(metrics_path, {"iter": iter_num, "tokens": iter_num * tokens_per_iter, "lr": lr,
+                                              "val_loss": losses["val"], "train_eval_loss": losses["train"]})
+                if wandb_log:
+                    wandb.log({"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr},
+                              step=iter_num)
+                if save:
+                    save_checkpoint({
+                        "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict(), "model_args": model_args, "iter_num": iter_num,
+                        "best_val_loss": best_val_loss, "config": config, "rng_states": rng_states,
+                        "wandb_run_id": wandb_run_id,
+                    }, os.path.join(out_dir, "ckpt.pt"))
+                    print(f"saved checkpoint to {out_dir}/ckpt.pt")
+            t_log += time.time() - t_eval  # keep evaluation out of the ms/iter figures
+        if eval_only or iter_num >= max_iters:
+            break
+
+        # one optimizer step: accum_steps micro-steps, gradients all-reduced on the last one only
+        loss_sum = torch.zeros((), device=device)
+        for micro_step in range(accum_steps):
+            sync = not ddp or micro_step == accum_steps - 1
+            with ctx, (nullcontext() if sync else model.no_sync()):
+                _, loss = model(X, Y)
+                loss = loss / accum_steps  # the gradient of the mean over micro-steps
+            next_step, next_micro = (iter_num, micro_step + 1) if micro_step + 1 < accum_steps else (iter_num + 1, 0)
+            X, Y = train_batch(next_step, next_micro)  # fetched while the device works on this micro-step
+            scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        iter_num += 1
+        iters_since_log += 1
+
+        if iter_num % log_interval == 0 or iter_num == max_iters:
+            if ddp:
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)  # the mean over every rank's micro-steps
+            loss_value = loss_sum.item()  # also waits for the device, so the timing below is real
+            t_now = time.time()
+            dt = (t_now - t_log) / iters_since_log
+            t_log, iters_since_log = t_now, 0
+            tokens_per_sec = tokens_per_iter / dt
+            mfu = raw_model.estimate_mfu(tokens_per_iter // world_size, dt, peak)
+            if master_process:
+                mfu_text = f", mfu {mfu * 100:.1f}%" if mfu is not None else ""
+                print(f"iter {iter_num}/{max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+                      f"{tokens_per_sec:,.0f} tok/s{mfu_text}")
+                append_metrics(metrics_path, {"iter": iter_num, "tokens": iter_num * tokens_per_iter,
+                                              "loss": loss_value, "lr": lr, "grad_norm": grad_norm.item(),
+                                              "dt_ms": dt * 1000, "tokens_per_sec": tokens_per_sec,
+                                              "mfu": mfu if mfu is not None else ""})
+                if wandb_log:
+                    wandb.log({"iter": iter_num, "train/loss_step": loss_value, "lr": lr,
+                               "mfu": mfu or 0.0, "grad_norm": grad_norm.item()}, step=iter_num)
+
+    if wandb_log and master_process:
+        wandb.finish()
+    if ddp:
+        dist.destroy_process_group()
