@@ -1,0 +1,90 @@
+"""
+Samples text from a trained model (out_dir/ckpt.pt) or from OpenAI's GPT-2 weights:
+
+    python sample.py --out_dir=out-shakespeare-char --device=cpu
+    python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
+    python sample.py --start=FILE:prompt.txt
+
+Text is decoded with the dataset's meta.pkl when it has one (character models), else with GPT-2's BPE.
+"""
+import os
+import pickle
+import sys
+from contextlib import nullcontext
+
+import torch
+
+import configurator
+from model import GPT, GPTConfig
+
+# ---- model
+init_from = "resume"  # 'resume' (from out_dir/ckpt.pt) or gpt2, gpt2-medium, gpt2-large, gpt2-xl
+out_dir = "out"  # where the checkpoint is, with init_from='resume'
+# ---- sampling
+start = "\n"  # the prompt; "FILE:prompt.txt" reads it from a file
+num_samples = 10  # samples to draw
+max_new_tokens = 500  # tokens per sample
+temperature = 0.8  # 1.0 samples the model's distribution as is; lower is more conservative
+top_k = 200  # sample only among the top_k most likely tokens; 0 disables the cut
+seed = 1337  # same seed, same samples
+# ---- system
+device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
+dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
+compile = False  # torch.compile the model: worth it only for long generations
+
+
+def load_model(init_from: str, out_dir: str) -> tuple[GPT, dict | None]:
+    """The model to sample from, and the training config it was saved with (None for GPT-2 weights)."""
+    if init_from != "resume":
+        return GPT.from_pretrained(init_from, dict(dropout=0.0)), None
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    if not os.path.isfile(ckpt_path):
+        raise configurator.UserError(f"no checkpoint at {ckpt_path}: train first, or set --out_dir")
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    model = GPT(GPTConfig(**checkpoint["model_args"]))
+    model.load_state_dict(checkpoint["model"])
+    return model, checkpoint["config"]
+
+
+def load_codec(train_config: dict | None):
+    """(encode, decode) for the model: the dataset's characters from meta.pkl when it has them, else GPT-2 BPE."""
+    if train_config is not None:
+        from train import find_dataset
+        meta_path = os.path.join(find_dataset(train_config["dataset"]), "meta.pkl")
+        if os.path.exists(meta_path):
+            with open(meta_path, "rb") as f:
+                meta = pickle.load(f)
+            stoi, itos = meta["stoi"], meta["itos"]
+            return (lambda s: [stoi[c] for c in s]), (lambda ids: "".join(itos[i] for i in ids))
+    from tokenizer import gpt2_encoding
+    enc = gpt2_encoding()
+    return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
+
+
+if __name__ == "__main__":
+    sys.excepthook = configurator.excepthook
+    config = configurator.configure(configurator.config_keys(globals()), sys.argv[1:], __file__)
+    globals().update(config)
+    from train import check_device, resolve_dtype
+
+    device_type = check_device(device)
+    dtype = resolve_dtype(dtype, device_type)
+    torch.manual_seed(seed)
+    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+
+    model, train_config = load_model(init_from, out_dir)
+    model.eval().to(device)
+    if compile:
+        model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs
+    encode, decode = load_codec(train_config)
+
+    if start.startswith("FILE:"):
+        with open(start[5:], encoding="utf-8") as f:
+            start = f.read()
+    x = torch.tensor(encode(start), dtype=torch.long, device=device)[None, ...]
+    with torch.no_grad(), ctx:
+        for _ in range(num_samples):
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)
+            print(decode(y[0].tolist()))
+            print("---------------")
