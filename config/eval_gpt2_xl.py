@@ -1,0 +1,8 @@
+# Evaluate OpenAI's gpt2-xl (1558M parameters) on OpenWebText: one evaluation, no training.
+# Needs Hugging Face transformers and the weights (downloaded once); eval_iters x batch_size x 1024 tokens
+# per split, so about 0.4M tokens: minutes on one GPU.
+batch_size = 8
+eval_iters = 500  # more batches give a tighter estimate
+eval_only = True
+wandb_log = False
+init_from = "gpt2-xl"

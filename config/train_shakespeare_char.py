@@ -1,0 +1,35 @@
+# A baby GPT (6 layers, 10.7M parameters) on tiny Shakespeare, one character per token.
+# First run: python data/shakespeare_char/prepare.py
+# On one A100-class GPU it reaches a val loss of about 1.47 in a few minutes. On a laptop CPU, shrink it:
+#   python train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20
+#     --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
+#     --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
+
+out_dir = "out-shakespeare-char"
+eval_interval = 250  # the model overfits this small corpus, so keep an eye on val loss
+eval_iters = 200
+log_interval = 10
+
+always_save_checkpoint = False  # keep only checkpoints that improve val loss
+
+wandb_log = False
+wandb_project = "shakespeare-char"
+wandb_run_name = "mini-gpt"
+
+dataset = "shakespeare_char"
+gradient_accumulation_steps = 1
+batch_size = 64
+block_size = 256  # characters of context
+
+n_layer = 6
+n_head = 6
+n_embd = 384
+dropout = 0.2  # a small corpus needs regularisation
+
+learning_rate = 1e-3  # small models tolerate a higher learning rate
+max_iters = 5000
+lr_decay_iters = 5000  # usually equal to max_iters
+min_lr = 1e-4  # learning_rate / 10
+beta2 = 0.99  # few tokens per step, so average the second moment over fewer steps
+
+warmup_iters = 100  # short warmup: the model is tiny
