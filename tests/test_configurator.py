@@ -1,0 +1,81 @@
+import os
+
+import pytest
+
+from configurator import UserError, config_keys, configure, describe
+
+DEFAULTS = {"batch_size": 12, "learning_rate": 6e-4, "compile": True, "wandb_run_name": "gpt2", "out_dir": "out"}
+
+
+def test_flags_are_parsed_as_literals():
+    config = configure(DEFAULTS, ["--batch_size=32", "--compile=False", "--out_dir=out-x"])
+    assert config["batch_size"] == 32 and config["compile"] is False and config["out_dir"] == "out-x"
+    assert DEFAULTS["batch_size"] == 12  # the defaults are not modified
+
+
+def test_int_is_accepted_where_a_float_is_expected():
+    config = configure(DEFAULTS, ["--learning_rate=1"])
+    assert config["learning_rate"] == 1.0 and type(config["learning_rate"]) is float
+
+
+def test_unknown_key_names_the_closest_known_key():
+    with pytest.raises(UserError, match="unknown config key 'batchsize'.*did you mean 'batch_size'"):
+        configure(DEFAULTS, ["--batchsize=4"])
+
+
+def test_wrong_type_is_an_error():
+    with pytest.raises(UserError, match="'batch_size' .* must be int"):
+        configure(DEFAULTS, ["--batch_size=3.5"])
+    with pytest.raises(UserError, match="'compile' .* must be bool"):
+        configure(DEFAULTS, ["--compile=yes"])
+
+
+def test_value_containing_equals_splits_on_the_first_only():
+    config = configure(DEFAULTS, ["--wandb_run_name=lr=3e-4"])
+    assert config["wandb_run_name"] == "lr=3e-4"
+
+
+def test_numeric_looking_string_stays_a_string():
+    assert configure(DEFAULTS, ["--wandb_run_name=2024"])["wandb_run_name"] == "2024"
+
+
+def test_flag_without_value_is_an_error():
+    with pytest.raises(UserError, match="has no value"):
+        configure(DEFAULTS, ["--compile"])
+
+
+def test_config_file_then_flag_in_order(tmp_path):
+    path = tmp_path / "exp.py"
+    path.write_text("import math\nbatch_size = 64\nlearning_rate = batch_size * 1e-5\n_scratch = 3\n")
+    config = configure(DEFAULTS, [str(path), "--batch_size=8"])
+    assert config["batch_size"] == 8 and config["learning_rate"] == pytest.approx(64e-5)
+
+
+def test_config_file_errors(tmp_path):
+    bad_key = tmp_path / "bad_key.py"
+    bad_key.write_text("learning_rat = 1e-3\n")
+    with pytest.raises(UserError, match="unknown config key 'learning_rat' in config file .*did you mean 'learning_rate'"):
+        configure(DEFAULTS, [str(bad_key)])
+    broken = tmp_path / "broken.py"
+    broken.write_text("batch_size = = 3\n")
+    with pytest.raises(UserError, match="line 1: syntax error"):
+        configure(DEFAULTS, [str(broken)])
+    with pytest.raises(UserError, match="config file 'nope.py' not found"):
+        configure(DEFAULTS, ["nope.py"])
+
+
+def test_every_shipped_config_file_applies_to_train_defaults():
+    import train
+    defaults = config_keys(vars(train))
+    config_dir = os.path.join(os.path.dirname(train.__file__), "config")
+    for name in sorted(os.listdir(config_dir)):
+        configure(defaults, [os.path.join(config_dir, name)])  # raises on any unknown key or wrong type
+
+
+def test_help_lists_each_key_with_default_and_comment():
+    import train
+    text = describe(train.__file__, config_keys(vars(train)))
+    assert "--batch_size=12" in text and "sequences per micro-step per process" in text
+    assert "AdamW optimizer:" in text  # the section banners group the keys
+    missing = [k for k in config_keys(vars(train)) if f"--{k}=" not in text]
+    assert missing == []

@@ -1,0 +1,110 @@
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig, peak_flops
+
+
+def tiny_config(**overrides) -> GPTConfig:
+    return GPTConfig(**{**dict(block_size=16, vocab_size=97, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True),
+                        **overrides})
+
+
+def test_forward_shapes_and_initial_loss_near_uniform():
+    torch.manual_seed(0)
+    model = GPT(tiny_config())
+    idx, targets = torch.randint(97, (2, 4, 16))
+    logits, loss = model(idx, targets)
+    assert logits.shape == (4, 16, 97)
+    # a freshly initialised model should be close to guessing uniformly among the vocabulary
+    assert abs(loss.item() - math.log(97)) < 0.1
+    logits, loss = model(idx)
+    assert logits.shape == (4, 1, 97) and loss is None  # inference computes the last position only
+
+
+def test_sequence_longer_than_block_size_is_an_error():
+    model = GPT(tiny_config())
+    with pytest.raises(ValueError, match="longer than block_size 16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_embedding_and_output_weights_are_tied():
+    model = GPT(tiny_config())
+    assert model.lm_head.weight is model.transformer.wte.weight
+    names = [name for name, _ in model.named_parameters()]
+    assert "lm_head.weight" not in names  # counted once, as wte
+
+
+def test_residual_projections_use_scaled_init():
+    torch.manual_seed(0)
+    model = GPT(tiny_config(n_layer=8, n_embd=64))
+    expected = 0.02 / math.sqrt(2 * 8)
+    assert model.transformer.h[0].attn.c_proj.weight.std().item() == pytest.approx(expected, rel=0.1)
+    assert model.transformer.h[0].mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_every_parameter_in_exactly_one_optimizer_group(bias):
+    model = GPT(tiny_config(bias=bias))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    grouped = [id(p) for group in optimizer.param_groups for p in group["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())
+    decay, no_decay = optimizer.param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() < 2 for p in no_decay["params"])
+
+
+def test_num_params_excludes_positions_by_default():
+    model = GPT(tiny_config())
+    total = sum(p.numel() for p in model.parameters())
+    assert model.get_num_params(non_embedding=False) == total
+    assert model.get_num_params() == total - 16 * 32
+
+
+def test_crop_block_size_keeps_leading_positions():
+    model = GPT(tiny_config())
+    before = model.transformer.wpe.weight[:8].clone()
+    model.crop_block_size(8)
+    assert model.config.block_size == 8 and torch.equal(model.transformer.wpe.weight, before)
+    assert model(torch.zeros(1, 8, dtype=torch.long))[0].shape == (1, 1, 97)
+    with pytest.raises(ValueError, match="cannot grow"):
+        model.crop_block_size(9)
+
+
+def test_generate_appends_tokens_and_respects_top_k():
+    torch.manual_seed(0)
+    model = GPT(tiny_config()).eval()
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    out = model.generate(idx, 20, temperature=1.0, top_k=1)  # top_k=1 is greedy: rows agree
+    assert out.shape == (2, 23) and torch.equal(out[:, :3], idx) and torch.equal(out[0], out[1])
+
+
+def test_from_pretrained_reproduces_transformers_logits(tmp_path):
+    import transformers  # a test dependency (requirements-dev.txt), optional for users
+
+    torch.manual_seed(0)
+    hf_config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=101, n_positions=32,
+                                        bos_token_id=0, eos_token_id=0)
+    hf_model = transformers.GPT2LMHeadModel(hf_config).eval()
+    hf_model.save_pretrained(tmp_path)
+    model = GPT.from_pretrained(str(tmp_path)).eval()
+    assert model.config.n_layer == 2 and model.config.block_size == 32 and model.config.vocab_size == 101
+    idx = torch.randint(101, (2, 32))
+    with torch.no_grad():
+        expected = hf_model(idx).logits
+        logits, _ = model(idx, idx)  # with targets, logits for every position
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_from_pretrained_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown pretrained model"):
+        GPT.from_pretrained("gpt3")
+
+
+def test_mfu_is_none_without_a_known_peak_and_follows_the_formula():
+    model = GPT(tiny_config())
+    assert peak_flops("cpu") is None
+    assert model.estimate_mfu(1000, 0.1, None) is None
+    flops_per_token = 6 * model.get_num_params() + 12 * 2 * 32 * 16
+    assert model.estimate_mfu(1000, 0.5, 1e12) == pytest.approx(flops_per_token * 1000 / 0.5 / 1e12)

@@ -1,0 +1,144 @@
+"""End-to-end runs of train.py, sample.py and bench.py on tiny models, as a user would run them."""
+import csv
+import glob
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from conftest import run_script
+
+
+def tiny_args(data_dir, out_dir, **overrides):
+    settings = dict(dataset=data_dir, out_dir=out_dir, device="cpu", compile=False, n_layer=2, n_head=2, n_embd=32,
+                    block_size=32, batch_size=8, gradient_accumulation_steps=2, eval_iters=4, eval_interval=20,
+                    log_interval=1, max_iters=40, warmup_iters=5, lr_decay_iters=60, learning_rate=3e-3,
+                    min_lr=3e-4, dropout=0.0, wandb_log=False)
+    settings.update(overrides)
+    return [f"--{k}={v}" for k, v in settings.items()]
+
+
+def read_metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def step_losses(rows):
+    return {int(r["iter"]): float(r["loss"]) for r in rows if r["loss"]}
+
+
+def test_short_run_lowers_loss_and_writes_checkpoint_metrics_and_config(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    rows = read_metrics(out)
+    assert list(rows[0]) == ["iter", "tokens", "loss", "val_loss", "train_eval_loss", "lr", "grad_norm", "dt_ms",
+                             "tokens_per_sec", "mfu"]
+    val = [float(r["val_loss"]) for r in rows if r["val_loss"]]
+    assert len(val) == 3  # iterations 0, 20 and 40: the last step is always evaluated
+    assert val[0] == pytest.approx(math.log(65), abs=0.3) and val[-1] < val[0] - 0.5
+    losses = step_losses(rows)
+    assert sorted(losses) == list(range(1, 41))  # exactly max_iters optimizer steps
+    assert int(rows[-1]["tokens"]) == 40 * 2 * 8 * 32
+
+    checkpoint = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert checkpoint["iter_num"] == 40 and checkpoint["best_val_loss"] == pytest.approx(min(val), rel=1e-6)
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in checkpoint["model"])
+    assert checkpoint["model_args"]["vocab_size"] == 65  # from meta.pkl
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["max_iters"] == 40
+    assert "error" not in result.stderr
+
+
+def test_resume_continues_with_the_same_losses_as_an_unbroken_run(char_data, tmp_path):
+    straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
+    assert run_script("train.py", *tiny_args(char_data, straight), cwd=str(tmp_path)).returncode == 0
+    first = run_script("train.py", *tiny_args(char_data, broken, max_iters=20), cwd=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    resumed = run_script("train.py", *tiny_args(char_data, broken, init_from="resume"), cwd=str(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "starting at iteration 20" in resumed.stdout
+    expected, got = step_losses(read_metrics(straight)), step_losses(read_metrics(broken))
+    assert sorted(got) == list(range(1, 41))
+    assert [got[i] for i in range(21, 41)] == [expected[i] for i in range(21, 41)]
+
+
+def test_resume_without_checkpoint_is_a_one_line_error(char_data, tmp_path):
+    result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "empty"), init_from="resume"), cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [f"error: init_from='resume' but there is no checkpoint at "
+                                                  f"{tmp_path / 'empty' / 'ckpt.pt'}: check out_dir"]
+
+
+def test_unknown_flag_is_a_one_line_error(tmp_path):
+    result = run_script("train.py", "--lerning_rate=1e-3", cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert result.stderr.strip() == ("error: unknown config key 'lerning_rate' in flag '--lerning_rate=1e-3'; "
+                                     "did you mean 'learning_rate'?")
+
+
+def test_missing_dataset_is_a_one_line_error(tmp_path):
+    result = run_script("train.py", "--dataset=no_such_dataset", "--device=cpu", cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert "error: dataset 'no_such_dataset' has no train.bin" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_accumulation_steps_must_divide_among_processes(char_data, tmp_path):
+    result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "out"), gradient_accumulation_steps=3),
+                        cwd=str(tmp_path), torchrun_procs=2)
+    assert result.returncode != 0
+    assert "gradient_accumulation_steps 3 is not divisible by the world size 2" in result.stderr
+
+
+def test_two_process_ddp_matches_one_process(char_data, tmp_path):
+    single, double = str(tmp_path / "single"), str(tmp_path / "ddp")
+    args = dict(max_iters=20, gradient_accumulation_steps=4)
+    one = run_script("train.py", *tiny_args(char_data, single, **args), cwd=str(tmp_path))
+    assert one.returncode == 0, one.stderr
+    two = run_script("train.py", *tiny_args(char_data, double, backend="gloo", **args), cwd=str(tmp_path),
+                     torchrun_procs=2)
+    assert two.returncode == 0, two.stderr
+    assert "world size 2" in two.stdout
+    a, b = step_losses(read_metrics(single)), step_losses(read_metrics(double))
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    # the same global batches; only the order of floating-point sums differs (gradient all-reduce)
+    for i in a:
+        assert b[i] == pytest.approx(a[i], abs=2e-4), i
+    val_a = [float(r["val_loss"]) for r in read_metrics(single) if r["val_loss"]]
+    val_b = [float(r["val_loss"]) for r in read_metrics(double) if r["val_loss"]]
+    assert val_b == pytest.approx(val_a, abs=2e-4)
+
+
+def test_wandb_offline_run_is_written(char_data, tmp_path):
+    pytest.importorskip("wandb")
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=4, eval_interval=2, wandb_log=True),
+                        cwd=str(tmp_path), env={"WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
+    assert result.returncode == 0, result.stderr
+    runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    assert len(runs) == 1
+    run_id = runs[0].rsplit("-", 1)[-1]
+    assert os.path.getsize(glob.glob(os.path.join(runs[0], "run-*.wandb"))[0]) > 0
+    checkpoint = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert checkpoint["wandb_run_id"] == run_id
+
+
+def test_sample_decodes_characters_from_a_checkpoint(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_script("train.py", *tiny_args(char_data, out, max_iters=20), cwd=str(tmp_path)).returncode == 0
+    result = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=2", "--max_new_tokens=50",
+                        "--start=ROMEO:", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    samples = result.stdout.split("---------------\n")
+    assert len(samples) == 3 and samples[0].startswith("ROMEO:") and len(samples[0].rstrip("\n")) == 6 + 50
+
+
+def test_bench_reports_time_per_iteration(tmp_path):
+    result = run_script("bench.py", "--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=32",
+                        "--block_size=32", "--batch_size=4", "--vocab_size=128", "--warmup_steps=2", "--num_steps=3",
+                        cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "ms/iter" in result.stdout and "tokens/s" in result.stdout
