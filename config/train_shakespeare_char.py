@@ -26,10 +26,13 @@ n_head = 6
 n_embd = 384
 dropout = 0.2  # a small corpus needs regularisation
 
-learning_rate = 1e-3  # small models tolerate a higher learning rate
+# Small models tolerate a high learning rate. On the 4-layer CPU run above, 2000 steps reach a val loss
+# of 1.916 at 1e-3 (nanoGPT's value), 1.829 at 2e-3 and 1.791 at 3e-3; 2e-3 is the cautious pick, since
+# the 6-layer GPU recipe was tuned by nanoGPT at 1e-3 and has not been re-measured here at 2e-3.
+learning_rate = 2e-3
 max_iters = 5000
 lr_decay_iters = 5000  # usually equal to max_iters
-min_lr = 1e-4  # learning_rate / 10
+min_lr = 2e-4  # learning_rate / 10
 beta2 = 0.99  # few tokens per step, so average the second moment over fewer steps
 
 warmup_iters = 100  # short warmup: the model is tiny
