@@ -250,6 +250,7 @@ if __name__ == "__main__":
         print(f"world size {world_size}, device {device}, dtype {dtype}; "
               f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps "
               f"x {batch_size} sequences x {block_size} tokens)")
+        print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
         configurator.save(config, os.path.join(out_dir, "config.json"))
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -142,3 +142,20 @@ def test_bench_reports_time_per_iteration(tmp_path):
                         cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "ms/iter" in result.stdout and "tokens/s" in result.stdout
+
+
+def test_bfloat16_autocast_on_cpu_trains(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=10, eval_interval=10, dtype="bfloat16"),
+                        cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "dtype bfloat16" in result.stdout
+    val = [float(r["val_loss"]) for r in read_metrics(out) if r["val_loss"]]
+    assert val[-1] < val[0]
+
+
+@pytest.mark.parametrize("script, key", [("train.py", "gradient_accumulation_steps"), ("sample.py", "max_new_tokens"),
+                                         ("bench.py", "warmup_steps")])
+def test_help_lists_settings(script, key, tmp_path):
+    result = run_script(script, "--help", cwd=str(tmp_path))
+    assert result.returncode == 0 and f"--{key}=" in result.stdout
