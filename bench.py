@@ -21,7 +21,7 @@ from model import GPT, GPTConfig, peak_flops
 # ---- data
 batch_size = 12  # sequences per step
 block_size = 1024  # tokens per sequence
-real_data = False  # sample batches from dataset's train.bin instead of random tokens
+real_data = False  # sample batches from the dataset's train split instead of random tokens
 dataset = "openwebtext"  # with real_data: a folder under data/ or a path
 # ---- model
 n_layer = 12  # transformer blocks
@@ -53,7 +53,7 @@ if __name__ == "__main__":
     sys.excepthook = configurator.excepthook
     config = configurator.configure(configurator.config_keys(globals()), sys.argv[1:], __file__)
     globals().update(config)
-    from train import check_device, check_split, find_dataset, get_batch, resolve_dtype
+    from train import check_device, get_batch, load_dataset, resolve_dtype
 
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
@@ -64,11 +64,10 @@ if __name__ == "__main__":
     ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
 
     if real_data:
-        train_path = os.path.join(find_dataset(dataset), "train.bin")
-        check_split(train_path, block_size)
+        data = load_dataset(dataset, block_size)
 
         def batch(step):
-            return get_batch(train_path, batch_size, block_size, (seed, 0, step, 0), device)
+            return get_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, (seed, 0, step, 0), device)
     else:
         tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=torch.Generator().manual_seed(seed))
         x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)

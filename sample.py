@@ -5,8 +5,9 @@ Samples text from a trained model (out_dir/ckpt.pt) or from OpenAI's GPT-2 weigh
     python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
     python sample.py --start=FILE:prompt.txt
 
-Text is decoded with the dataset's meta.pkl when it has one (character models), else with GPT-2's BPE.
+Text is decoded with the dataset's characters when it is a character dataset, else with GPT-2's BPE.
 """
+import json
 import os
 import pickle
 import sys
@@ -47,15 +48,22 @@ def load_model(init_from: str, out_dir: str) -> tuple[GPT, dict | None]:
 
 
 def load_codec(train_config: dict | None):
-    """(encode, decode) for the model: the dataset's characters from meta.pkl when it has them, else GPT-2 BPE."""
+    """(encode, decode) for the model: the dataset's characters when it is a character dataset, else GPT-2 BPE."""
     if train_config is not None:
         from train import find_dataset
-        meta_path = os.path.join(find_dataset(train_config["dataset"]), "meta.pkl")
-        if os.path.exists(meta_path):
-            with open(meta_path, "rb") as f:
-                meta = pickle.load(f)
-            stoi, itos = meta["stoi"], meta["itos"]
-            return (lambda s: [stoi[c] for c in s]), (lambda ids: "".join(itos[i] for i in ids))
+        data_dir = find_dataset(train_config["dataset"])
+        chars = None
+        if os.path.exists(os.path.join(data_dir, "meta.json")):
+            with open(os.path.join(data_dir, "meta.json")) as f:
+                meta = json.load(f)
+            chars = meta.get("chars")
+        elif os.path.exists(os.path.join(data_dir, "meta.pkl")):  # nanoGPT's character datasets
+            with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
+                itos = pickle.load(f)["itos"]
+            chars = "".join(itos[i] for i in range(len(itos)))
+        if chars is not None:
+            stoi = {c: i for i, c in enumerate(chars)}
+            return (lambda s: [stoi[c] for c in s]), (lambda ids: "".join(chars[i] if i < len(chars) else "<|endoftext|>" for i in ids))
     from tokenizer import gpt2_encoding
     enc = gpt2_encoding()
     return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode

@@ -12,6 +12,7 @@ Trains a GPT on one device, or on several with DDP. One CPU or GPU:
 The defaults below train GPT-2 124M on OpenWebText; `python train.py --help` lists them all.
 """
 import csv
+import json
 import math
 import os
 import sys
@@ -40,7 +41,7 @@ wandb_log = False  # log to Weights & Biases (WANDB_MODE=offline works without n
 wandb_project = "owt"  # wandb project name
 wandb_run_name = "gpt2"  # wandb run name
 # ---- data
-dataset = "openwebtext"  # a folder under data/ (or any path) holding train.bin, val.bin and maybe meta.pkl
+dataset = "openwebtext"  # a folder under data/, or a path, holding meta.json and token files (or nanoGPT's train.bin, val.bin)
 gradient_accumulation_steps = 5 * 8  # micro-steps per optimizer step, summed over all processes
 batch_size = 12  # sequences per micro-step per process
 block_size = 1024  # context length in tokens
@@ -118,25 +119,72 @@ def check_device(device: str) -> str:
 
 def find_dataset(dataset: str) -> str:
     """The folder of a dataset: a path as given, else data/<dataset> beside this file."""
-    data_dir = dataset if os.path.isdir(dataset) else os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
-    for split in ("train", "val"):
-        if not os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
-            raise UserError(f"dataset '{dataset}' has no {split}.bin in {data_dir}: "
-                            f"run python data/{os.path.basename(dataset)}/prepare.py first")
+    if os.path.isdir(dataset):
+        return dataset
+    data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
+    if not os.path.isdir(data_dir):
+        raise UserError(f"dataset '{dataset}' not found: no folder {dataset} or {data_dir}; "
+                        f"prepare it first (python data/{dataset}/prepare.py, or data/prepare.py for your own text)")
     return data_dir
 
 
-def check_split(path: str, block_size: int, dtype=np.uint16) -> int:
-    """Number of tokens in a .bin file, or a UserError when it cannot supply one block_size + 1 window."""
-    n_bytes = os.path.getsize(path)
-    itemsize = np.dtype(dtype).itemsize
+def count_tokens(path: str, dtype) -> int:
+    """Number of tokens in a token file, or a UserError when it is missing, empty or torn."""
+    if not os.path.isfile(path):
+        raise UserError(f"token file {path} is missing: prepare the dataset again")
+    n_bytes, itemsize = os.path.getsize(path), np.dtype(dtype).itemsize
+    if n_bytes == 0:
+        raise UserError(f"token file {path} is empty: prepare the dataset again")
     if n_bytes % itemsize:
         raise UserError(f"{path} is {n_bytes} bytes, not a whole number of {itemsize}-byte tokens: prepare it again")
-    n_tokens = n_bytes // itemsize
-    if n_tokens <= block_size:
-        raise UserError(f"block_size {block_size} is not shorter than {path} ({n_tokens} tokens): "
-                        "lower block_size or add data")
-    return n_tokens
+    return n_bytes // itemsize
+
+
+def max_token_id(paths: list[str], dtype, chunk: int = 1 << 26) -> int:
+    """The largest token id in the files, read in chunks (for datasets without meta.json to say it)."""
+    largest = 0
+    for path in paths:
+        data = np.memmap(path, dtype=dtype, mode="r")
+        for i in range(0, len(data), chunk):
+            largest = max(largest, int(data[i:i + chunk].max()))
+    return largest
+
+
+def load_dataset(dataset: str, block_size: int) -> dict:
+    """A dataset's token files, checked: {'dtype', 'vocab_size' (None if unknown), 'max_token_id',
+    'splits': {'train': [(path, n_tokens), ...], 'val': [...]}}. meta.json (written by data/prepare.py)
+    gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and val.bin as
+    uint16, with the vocabulary from meta.pkl if there is one."""
+    data_dir = find_dataset(dataset)
+    meta_path = os.path.join(data_dir, "meta.json")
+    if os.path.isfile(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+        dtype, vocab_size, max_id = np.dtype(meta["dtype"]), meta["vocab_size"], meta.get("max_token_id")
+        files = {split: [os.path.join(data_dir, name) for name in meta["splits"][split]["files"]] for split in ("train", "val")}
+        expected = {split: meta["splits"][split]["file_tokens"] for split in ("train", "val")}
+    else:
+        dtype, vocab_size, max_id, expected = np.dtype(np.uint16), None, None, None
+        files = {split: [os.path.join(data_dir, f"{split}.bin")] for split in ("train", "val")}
+        if not os.path.isfile(files["train"][0]):
+            raise UserError(f"dataset '{dataset}' has no train.bin or meta.json in {data_dir}: prepare it first")
+        if os.path.isfile(os.path.join(data_dir, "meta.pkl")):
+            import pickle
+            with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
+                vocab_size = pickle.load(f)["vocab_size"]
+    splits = {}
+    for split, paths in files.items():
+        counts = [count_tokens(path, dtype) for path in paths]
+        if expected is not None and counts != expected[split]:
+            raise UserError(f"{split} files in {data_dir} hold {counts} tokens but meta.json says {expected[split]}: "
+                            "prepare the dataset again")
+        if not paths or max(counts) <= block_size:
+            raise UserError(f"block_size {block_size} is not shorter than the {split} split of {data_dir} "
+                            f"({max(counts, default=0)} tokens in its longest file): lower block_size or add data")
+        splits[split] = list(zip(paths, counts))
+    if max_id is None:
+        max_id = max_token_id(files["train"] + files["val"], dtype)
+    return {"dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id, "splits": splits}
 
 
 def seed_from(key: tuple[int, ...]) -> int:
@@ -144,15 +192,25 @@ def seed_from(key: tuple[int, ...]) -> int:
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
 
 
-def get_batch(path: str, batch_size: int, block_size: int, key: tuple[int, ...], device: str,
-              dtype=np.uint16) -> tuple[torch.Tensor, torch.Tensor]:
-    """batch_size random windows of a token file: inputs x and targets y = x shifted by one, both (B, T).
-    The window offsets come from a generator seeded by `key` alone, e.g. (seed, 0, iter, micro_step),
-    so a batch does not depend on how many processes share the work or on what ran before it."""
-    data = np.memmap(path, dtype=dtype, mode="r")  # a fresh memmap each call: a long-lived one grows in RAM
+def get_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
+              device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch_size random windows of a split: inputs x and targets y = x shifted by one, both (B, T) int64.
+    shards lists the split's token files as (path, n_tokens); a window lies within one file, and every
+    possible window is equally likely. The offsets come from a generator seeded by `key` alone, e.g.
+    (seed, 0, iter, micro_step), so a batch does not depend on how many processes share the work or on
+    what ran before it."""
+    starts = np.array([max(0, n - block_size) for _, n in shards])  # window starts per file
+    ends = np.cumsum(starts)
     generator = torch.Generator().manual_seed(seed_from(key))
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).numpy()
-    rows = torch.from_numpy(data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64))  # one gather
+    ix = torch.randint(int(ends[-1]), (batch_size,), generator=generator).numpy()
+    file_of = np.searchsorted(ends, ix, side="right")
+    offsets = ix - (ends[file_of] - starts[file_of])
+    rows = np.empty((batch_size, block_size + 1), dtype=np.int64)
+    for f in np.unique(file_of):  # one gather per file, none per row
+        data = np.memmap(shards[f][0], dtype=dtype, mode="r")  # a fresh memmap each call: a long-lived one grows in RAM
+        hit = file_of == f
+        rows[hit] = data[offsets[hit, None] + np.arange(block_size + 1)]
+    rows = torch.from_numpy(rows)
     x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
     if torch.device(device).type == "cuda":
         # pinned memory lets the copy run while the GPU is still busy with the previous micro-step
@@ -259,29 +317,25 @@ if __name__ == "__main__":
     ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
 
     # ---- data
-    data_dir = find_dataset(dataset)
-    split_paths = {split: os.path.join(data_dir, f"{split}.bin") for split in ("train", "val")}
-    for path in split_paths.values():
-        check_split(path, block_size)
-    meta_vocab_size = None
-    if os.path.exists(os.path.join(data_dir, "meta.pkl")):
-        import pickle
-        with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
-            meta_vocab_size = pickle.load(f)["vocab_size"]
-        print0(f"vocab_size {meta_vocab_size} from {data_dir}/meta.pkl")
+    data = load_dataset(dataset, block_size)
+    print0(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
+           f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
+           f"vocab_size {data['vocab_size'] or 'unknown'}")
 
     def train_batch(it, micro_step):
         """This process's micro-batch `micro_step` of step `it`: part (seed, it, global micro-step) of the global batch."""
-        return get_batch(split_paths["train"], batch_size, block_size, (seed, 0, it, rank * accum_steps + micro_step), device)
+        key = (seed, 0, it, rank * accum_steps + micro_step)
+        return get_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, key, device)
 
     def eval_batch(split, k):
         """Evaluation batch k of split: the same windows at every evaluation, so val losses compare."""
-        return get_batch(split_paths[split], batch_size, block_size, (seed, 1, ("train", "val").index(split), k), device)
+        key = (seed, 1, ("train", "val").index(split), k)
+        return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, key, device)
 
     # ---- model init
     iter_num, best_val_loss, checkpoint = 0, float("inf"), None
     model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
-                      vocab_size=meta_vocab_size or 50304, dropout=dropout)  # 50304: GPT-2's 50257 padded for speed
+                      vocab_size=data["vocab_size"] or 50304, dropout=dropout)  # 50304: GPT-2's 50257 padded for speed
     if init_from == "scratch":
         model = GPT(GPTConfig(**model_args))
     elif init_from == "resume":
@@ -310,8 +364,9 @@ if __name__ == "__main__":
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context
         model_args["block_size"] = block_size
-    if meta_vocab_size is not None and meta_vocab_size > model.config.vocab_size:
-        raise UserError(f"dataset vocab_size {meta_vocab_size} is larger than the model's {model.config.vocab_size}")
+    if data["max_token_id"] >= model.config.vocab_size:
+        raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
+                        f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     model.to(device)
     print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters; starting at iteration {iter_num}")
 

@@ -1,14 +1,16 @@
 """train.py's functions, called directly: importing train.py starts nothing."""
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from model import GPT, GPTConfig
-from train import check_split, estimate_loss, get_batch, get_lr, UserError
+from train import UserError, count_tokens, estimate_loss, get_batch, get_lr, load_dataset
 
 
-def write_tokens(path, n, dtype=np.uint16):
-    np.arange(n, dtype=np.int64).astype(dtype).tofile(path)
+def write_tokens(path, n, dtype=np.uint16, start=0):
+    np.arange(start, start + n, dtype=np.int64).astype(dtype).tofile(path)
     return str(path)
 
 
@@ -26,36 +28,96 @@ def test_get_lr_warmup_peak_decay_and_floor():
 
 def test_get_batch_targets_are_inputs_shifted_by_one(tmp_path):
     path = write_tokens(tmp_path / "train.bin", 1000)
-    x, y = get_batch(path, 8, 32, (1, 0, 0, 0), "cpu")
+    x, y = get_batch([(path, 1000)], np.uint16, 8, 32, (1, 0, 0, 0), "cpu")
     assert x.shape == y.shape == (8, 32) and x.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])
     assert torch.equal(y - x, torch.ones_like(x))  # the file counts up, so each target is its input + 1
 
 
 def test_get_batch_depends_on_its_key_alone(tmp_path):
-    path = write_tokens(tmp_path / "train.bin", 100_000)
-    a = get_batch(path, 4, 16, (1337, 0, 5, 2), "cpu")
+    shards = [(write_tokens(tmp_path / "train.bin", 100_000), 100_000)]
+    a = get_batch(shards, np.uint16, 4, 16, (1337, 0, 5, 2), "cpu")
     torch.manual_seed(123)  # the global RNG plays no part
-    b = get_batch(path, 4, 16, (1337, 0, 5, 2), "cpu")
-    c = get_batch(path, 4, 16, (1337, 0, 5, 3), "cpu")
+    b = get_batch(shards, np.uint16, 4, 16, (1337, 0, 5, 2), "cpu")
+    c = get_batch(shards, np.uint16, 4, 16, (1337, 0, 5, 3), "cpu")
     assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0])
 
 
-def test_check_split_rejects_short_and_torn_files(tmp_path):
-    assert check_split(write_tokens(tmp_path / "ok.bin", 100), 64) == 100
-    with pytest.raises(UserError, match="block_size 100 is not shorter than .* \\(100 tokens\\)"):
-        check_split(str(tmp_path / "ok.bin"), 100)
-    torn = tmp_path / "torn.bin"
-    torn.write_bytes(b"\x00" * 101)
+def test_get_batch_reads_uint32_ids_beyond_uint16(tmp_path):
+    path = write_tokens(tmp_path / "train.bin", 1000, dtype=np.uint32, start=100_000)
+    x, y = get_batch([(path, 1000)], np.uint32, 4, 8, (0,), "cpu")
+    assert x.min() >= 100_000 and torch.equal(y - x, torch.ones_like(x))
+
+
+def test_get_batch_windows_stay_inside_one_shard_and_cover_all_shards(tmp_path):
+    # shard i holds ids i*10_000 ...; a window crossing shards would break the +1 pattern
+    shards = [(write_tokens(tmp_path / f"train_{i:03d}.bin", n, start=i * 10_000), n) for i, n in enumerate([50, 300, 20])]
+    x, y = get_batch(shards, np.uint16, 512, 16, (7,), "cpu")
+    assert torch.equal(y - x, torch.ones_like(x))
+    used = set((x[:, 0] // 10_000).tolist())
+    assert used == {0, 1, 2}
+    # windows are uniform over window starts: 34, 284 and 4 of them
+    share = (x[:, 0] // 10_000 == 1).float().mean().item()
+    assert 0.8 < share < 0.97
+
+
+def write_dataset(folder, train_counts, val_count, dtype="uint16", vocab_size=1000, max_id=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [f"train_{i:03d}.bin" for i in range(len(train_counts))]
+    for name, n in zip(files, train_counts):
+        write_tokens(folder / name, n, dtype=np.dtype(dtype))
+    write_tokens(folder / "val.bin", val_count, dtype=np.dtype(dtype))
+    meta = {"tokenizer": "gpt2", "vocab_size": vocab_size, "dtype": dtype,
+            "max_token_id": max_id if max_id is not None else max(train_counts + [val_count]) - 1,
+            "splits": {"train": {"files": files, "file_tokens": train_counts},
+                       "val": {"files": ["val.bin"], "file_tokens": [val_count]}}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return str(folder)
+
+
+def test_load_dataset_reads_shards_dtype_and_vocab_from_meta(tmp_path):
+    data = load_dataset(write_dataset(tmp_path / "d", [100, 200], 80, dtype="uint32"), 64)
+    assert data["dtype"] == np.uint32 and data["vocab_size"] == 1000 and data["max_token_id"] == 199
+    assert [n for _, n in data["splits"]["train"]] == [100, 200]
+
+
+def test_load_dataset_errors(tmp_path):
+    with pytest.raises(UserError, match="block_size 80 is not shorter than the val split"):
+        load_dataset(write_dataset(tmp_path / "short", [100], 80), 80)
+    torn = write_dataset(tmp_path / "torn", [100], 80)
+    with open(f"{torn}/val.bin", "ab") as f:
+        f.write(b"\x00")
     with pytest.raises(UserError, match="not a whole number of 2-byte tokens"):
-        check_split(str(torn), 8)
+        load_dataset(torn, 16)
+    empty = write_dataset(tmp_path / "empty", [100], 80)
+    open(f"{empty}/val.bin", "wb").close()
+    with pytest.raises(UserError, match="val.bin is empty"):
+        load_dataset(empty, 16)
+    changed = write_dataset(tmp_path / "changed", [100], 80)
+    write_tokens(f"{changed}/train_000.bin", 90)
+    with pytest.raises(UserError, match=r"hold \[90\] tokens but meta.json says \[100\]"):
+        load_dataset(changed, 16)
+    with pytest.raises(UserError, match="dataset 'nowhere' not found"):
+        load_dataset("nowhere", 16)
+
+
+def test_load_dataset_without_meta_scans_for_the_largest_id(tmp_path):
+    write_tokens(tmp_path / "train.bin", 500)
+    write_tokens(tmp_path / "val.bin", 100, start=1000)
+    data = load_dataset(str(tmp_path), 32)
+    assert data["dtype"] == np.uint16 and data["vocab_size"] is None and data["max_token_id"] == 1099
+
+
+def test_count_tokens_rejects_a_missing_file(tmp_path):
+    with pytest.raises(UserError, match="is missing"):
+        count_tokens(str(tmp_path / "nope.bin"), np.uint16)
 
 
 def test_estimate_loss_uses_the_same_windows_every_time(tmp_path):
-    path = write_tokens(tmp_path / "val.bin", 5000)
+    shards = [(write_tokens(tmp_path / "val.bin", 5000), 5000)]
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=5000, n_layer=1, n_head=2, n_embd=16))
-    batch_fn = lambda split, k: get_batch(path, 4, 16, (0, 1, 0, k), "cpu")
+    batch_fn = lambda split, k: get_batch(shards, np.uint16, 4, 16, (0, 1, 0, k), "cpu")
     first = estimate_loss(model, batch_fn, eval_iters=3, splits=("val",))
     second = estimate_loss(model, batch_fn, eval_iters=3, splits=("val",))
     assert first == second and first["val"] > 0

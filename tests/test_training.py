@@ -82,8 +82,23 @@ def test_unknown_flag_is_a_one_line_error(tmp_path):
 def test_missing_dataset_is_a_one_line_error(tmp_path):
     result = run_script("train.py", "--dataset=no_such_dataset", "--device=cpu", cwd=str(tmp_path))
     assert result.returncode != 0
-    assert "error: dataset 'no_such_dataset' has no train.bin" in result.stderr
+    assert result.stderr.startswith("error: dataset 'no_such_dataset' not found")
     assert "Traceback" not in result.stderr
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
+    import json
+    import numpy as np
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for split in ("train", "val"):
+        (np.arange(2000) % 100).astype(np.uint16).tofile(data_dir / f"{split}.bin")
+    (data_dir / "meta.json").write_text(json.dumps({
+        "tokenizer": "char", "vocab_size": 50, "dtype": "uint16", "max_token_id": 99,
+        "splits": {s: {"files": [f"{s}.bin"], "file_tokens": [2000]} for s in ("train", "val")}}))
+    result = run_script("train.py", *tiny_args(str(data_dir), str(tmp_path / "out")), cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert "has token id 99, out of range for the model's vocab_size 50" in result.stderr
 
 
 def test_accumulation_steps_must_divide_among_processes(char_data, tmp_path):
