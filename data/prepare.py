@@ -1,0 +1,285 @@
+"""
+Tokenizes your own corpus into the token files that train.py reads:
+
+    python data/prepare.py --input 'books/*.txt' --out_dir data/books
+    python data/prepare.py --input dump.jsonl --text_field text --out_dir data/dump --shard_tokens 100_000_000
+    python data/prepare.py --input notes/ --tokenizer char --out_dir data/notes_char
+
+--input takes files, folders (searched recursively) and globs of .txt (one document per file; files over
+1 MB are cut at paragraph breaks into documents of about 1 MB), .jsonl (one JSON object per line, text in
+--text_field) and .parquet (needs pyarrow). Documents end with <|endoftext|>. Each document goes to val
+with probability --val_fraction, decided by a hash of its text, so the split does not depend on file order.
+
+Writes {split}.bin, or {split}_000.bin, {split}_001.bin, ... with --shard_tokens, as uint16 when the
+vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files).
+Tokenization streams through worker processes, so memory stays bounded whatever the corpus size.
+"""
+import argparse
+import collections
+import glob
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+import time
+from typing import Iterable, Iterator
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
+from tokenizer import EOT, gpt2_encoding  # noqa: E402
+
+EXTENSIONS = (".txt", ".jsonl", ".parquet")
+TXT_PIECE_CHARS = 1 << 20  # cut .txt files into documents of about this many characters
+BATCH_CHARS = 4 << 20  # characters handed to a worker at a time
+
+
+class PrepareError(ValueError):
+    """Bad input to prepare; the CLI prints it on one line."""
+
+
+def list_files(inputs: list[str]) -> list[str]:
+    """Every corpus file named by inputs (files, folders, globs), sorted within each input."""
+    files = []
+    for item in inputs:
+        if os.path.isdir(item):
+            found = sorted(os.path.join(d, f) for d, _, names in os.walk(item) for f in names if f.endswith(EXTENSIONS))
+        else:
+            found = sorted(p for p in glob.glob(item) if os.path.isfile(p))
+        if not found:
+            raise PrepareError(f"--input {item} matches no {'/'.join(EXTENSIONS)} file")
+        files += found
+    unsupported = [f for f in files if not f.endswith(EXTENSIONS)]
+    if unsupported:
+        raise PrepareError(f"{unsupported[0]} is not .txt, .jsonl or .parquet")
+    return files
+
+
+def split_paragraphs(text: str, max_chars: int = TXT_PIECE_CHARS) -> Iterator[str]:
+    """text in pieces of about max_chars, cut just after a blank line where there is one."""
+    start = 0
+    while len(text) - start > max_chars:
+        cut = text.find("\n\n", start + max_chars)
+        if cut == -1:
+            break
+        yield text[start:cut + 2]
+        start = cut + 2
+    yield text[start:]
+
+
+def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
+    """The documents of each file in turn (see the module docstring for what a document is)."""
+    for path in files:
+        if path.endswith(".txt"):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                yield from split_paragraphs(f.read())
+        elif path.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as f:
+                for line_number, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        yield json.loads(line)[text_field]
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        raise PrepareError(f"{path} line {line_number}: not a JSON object with a '{text_field}' "
+                                           "field (set --text_field)") from None
+        else:
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                raise PrepareError("reading .parquet needs pyarrow: pip install pyarrow") from None
+            parquet = pq.ParquetFile(path)
+            if text_field not in parquet.schema_arrow.names:
+                raise PrepareError(f"{path} has no column '{text_field}' (columns: {parquet.schema_arrow.names}); "
+                                   "set --text_field")
+            for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
+                yield from batch.column(0).to_pylist()
+
+
+def goes_to_val(text: str, val_fraction: float, seed: int) -> bool:
+    """Whether a document belongs to val: a hash of (seed, text), so the same text always lands the same way."""
+    digest = hashlib.blake2b(text.encode("utf-8", errors="replace"), digest_size=8, key=str(seed).encode()).digest()
+    return int.from_bytes(digest, "little") / 2**64 < val_fraction
+
+
+class CharCodec:
+    """Characters to ids by a fixed alphabet; <|endoftext|> is the id after the last character."""
+
+    def __init__(self, chars: str):
+        self.chars = chars
+        self.codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)  # sorted, since chars is
+        self.eot = len(chars)
+
+    def encode(self, text: str) -> np.ndarray:
+        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = np.searchsorted(self.codepoints, points)
+        if len(points) and (ids.max() >= len(self.chars) or not np.array_equal(self.codepoints[ids], points)):
+            raise PrepareError("a character is missing from the alphabet")
+        return ids
+
+
+_worker = {}  # per worker process: the tokenizer and the split settings
+
+
+def _init_worker(tokenizer: str, chars: str | None, rank_file: str | None, val_fraction: float, seed: int):
+    _worker.update(val_fraction=val_fraction, seed=seed)
+    _worker["codec"] = CharCodec(chars) if tokenizer == "char" else gpt2_encoding(rank_file)
+
+
+def _encode_batch(docs: list[str]) -> list[tuple[bool, np.ndarray]]:
+    """(is_val, token ids ending in EOT) for each document; runs in a worker."""
+    codec = _worker["codec"]
+    if isinstance(codec, CharCodec):
+        encoded = [np.append(codec.encode(d), codec.eot) for d in docs]
+    else:
+        encoded = [np.array(ids + [EOT], dtype=np.uint32) for ids in codec.encode_ordinary_batch(docs, num_threads=1)]
+    return [(goes_to_val(d, _worker["val_fraction"], _worker["seed"]), ids) for d, ids in zip(docs, encoded)]
+
+
+def batches(documents: Iterable[str], max_chars: int = BATCH_CHARS) -> Iterator[list[str]]:
+    batch, size = [], 0
+    for doc in documents:
+        batch.append(doc)
+        size += len(doc)
+        if size >= max_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+class TokenWriter:
+    """Appends token ids to {split}.bin, or to shards {split}_000.bin, ... of shard_tokens tokens each.
+    Files are written under .tmp names and renamed by finish(), so a stopped prepare leaves no half file
+    under a name train.py reads."""
+
+    def __init__(self, out_dir: str, split: str, dtype, shard_tokens: int = 0):
+        self.out_dir, self.split, self.dtype, self.shard_tokens = out_dir, split, np.dtype(dtype), shard_tokens
+        self.files, self.counts, self.handle, self.documents = [], [], None, 0
+
+    def _open_next(self):
+        if self.handle:
+            self.handle.close()
+        name = f"{self.split}_{len(self.files):03d}.bin" if self.shard_tokens else f"{self.split}.bin"
+        self.files.append(name)
+        self.counts.append(0)
+        self.handle = open(os.path.join(self.out_dir, name + ".tmp"), "wb")
+
+    def write(self, ids: np.ndarray):
+        self.documents += 1
+        ids = ids.astype(self.dtype, copy=False)
+        while len(ids):
+            if self.handle is None or (self.shard_tokens and self.counts[-1] >= self.shard_tokens):
+                self._open_next()
+            room = self.shard_tokens - self.counts[-1] if self.shard_tokens else len(ids)
+            part, ids = ids[:room], ids[room:]
+            self.handle.write(part.tobytes())
+            self.counts[-1] += len(part)
+
+    def finish(self) -> dict:
+        if self.handle:
+            self.handle.close()
+        for name in self.files:
+            os.replace(os.path.join(self.out_dir, name + ".tmp"), os.path.join(self.out_dir, name))
+        return {"files": self.files, "tokens": sum(self.counts), "file_tokens": self.counts, "documents": self.documents}
+
+
+def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt2", chars: str | None = None,
+                   val_fraction: float = 0.01, seed: int = 0, workers: int = 0, shard_tokens: int = 0,
+                   rank_file: str | None = None, progress: bool = True, source: str = "") -> dict:
+    """Tokenize documents into out_dir with worker processes (0: one per core) and write meta.json.
+    tokenizer is 'gpt2' or 'char' (then chars is the sorted alphabet). Returns the meta dict."""
+    if tokenizer not in ("gpt2", "char"):
+        raise PrepareError(f"tokenizer '{tokenizer}' is not gpt2 or char")
+    if tokenizer == "char" and not chars:
+        raise PrepareError("the char tokenizer needs the alphabet (chars)")
+    if not 0 <= val_fraction < 1:
+        raise PrepareError(f"val_fraction {val_fraction} is not in [0, 1)")
+    if tokenizer == "gpt2":
+        gpt2_encoding(rank_file)  # find (and cache) the rank file once here, not in every worker
+    vocab_size = len(chars) + 1 if tokenizer == "char" else EOT + 1
+    dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
+    os.makedirs(out_dir, exist_ok=True)
+    writers = {split: TokenWriter(out_dir, split, dtype, shard_tokens) for split in ("train", "val")}
+    workers = workers or os.cpu_count() or 1
+    max_id, n_chars, t0, shown = -1, 0, time.time(), 0.0
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
+                                                   (tokenizer, chars, rank_file, val_fraction, seed)) as pool:
+        pending = collections.deque()  # a few batches in flight: enough to keep workers busy, bounded in memory
+
+        def drain_one():
+            nonlocal max_id
+            for is_val, ids in pending.popleft().get():
+                writers["val" if is_val else "train"].write(ids)
+                if len(ids):
+                    max_id = max(max_id, int(ids.max()))
+
+        for batch in batches(documents):
+            n_chars += sum(len(d) for d in batch)
+            pending.append(pool.apply_async(_encode_batch, (batch,)))
+            if len(pending) >= 2 * workers:
+                drain_one()
+            if progress and time.time() - shown > 0.5:
+                shown = time.time()
+                tokens = sum(sum(w.counts) for w in writers.values())
+                print(f"\r{tokens:,} tokens, {n_chars / 1e6:,.0f}M characters, "
+                      f"{tokens / (shown - t0):,.0f} tokens/s", end="", file=sys.stderr, flush=True)
+        while pending:
+            drain_one()
+    splits = {split: w.finish() for split, w in writers.items()}
+    if splits["train"]["tokens"] == 0:
+        raise PrepareError("the corpus produced no training tokens: check --input and --val_fraction")
+    meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name, "eot_token": vocab_size - 1,
+            "max_token_id": max_id, "splits": splits, "source": source}
+    if tokenizer == "char":
+        meta["chars"] = chars
+    write_meta(out_dir, meta)
+    if progress:
+        elapsed = time.time() - t0
+        total = sum(s["tokens"] for s in splits.values())
+        print(f"\r{total:,} tokens from {n_chars:,} characters in {elapsed:.1f} s ({total / elapsed:,.0f} tokens/s); "
+              f"train {splits['train']['tokens']:,}, val {splits['val']['tokens']:,} -> {out_dir}", file=sys.stderr)
+    return meta
+
+
+def write_meta(out_dir: str, meta: dict):
+    """Write meta.json, and delete token files of the same splits that an earlier prepare left behind."""
+    keep = {name for split in meta["splits"].values() for name in split["files"]}
+    for split in meta["splits"]:
+        for stale in glob.glob(os.path.join(out_dir, f"{split}.bin")) + glob.glob(os.path.join(out_dir, f"{split}_*.bin")):
+            if os.path.basename(stale) not in keep:
+                os.remove(stale)
+    with open(os.path.join(out_dir, "meta.json.tmp"), "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(os.path.join(out_dir, "meta.json.tmp"), os.path.join(out_dir, "meta.json"))
+
+
+def alphabet(documents: Iterable[str]) -> str:
+    """The sorted set of characters in documents (the char tokenizer's first pass)."""
+    seen = set()
+    for doc in documents:
+        seen.update(doc)
+    return "".join(sorted(seen))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", required=True, help="files, folders or globs of .txt/.jsonl/.parquet")
+    parser.add_argument("--out_dir", required=True, help="dataset folder to write (give it as --dataset to train.py)")
+    parser.add_argument("--tokenizer", default="gpt2", choices=["gpt2", "char"])
+    parser.add_argument("--text_field", default="text", help="the text's field in .jsonl and .parquet records")
+    parser.add_argument("--val_fraction", type=float, default=0.01, help="share of documents held out for val")
+    parser.add_argument("--seed", type=int, default=0, help="changes which documents go to val")
+    parser.add_argument("--shard_tokens", type=int, default=0, help="tokens per shard file; 0 writes one file per split")
+    parser.add_argument("--workers", type=int, default=0, help="tokenizer processes; 0 means one per core")
+    parser.add_argument("--gpt2_tiktoken", default=None, help="path to GPT-2's gpt2.tiktoken rank file, for offline use")
+    args = parser.parse_args()
+    try:
+        files = list_files(args.input)
+        chars = alphabet(iter_documents(files, args.text_field)) if args.tokenizer == "char" else None
+        prepare_corpus(iter_documents(files, args.text_field), args.out_dir, args.tokenizer, chars, args.val_fraction,
+                       args.seed, args.workers, args.shard_tokens, args.gpt2_tiktoken, source=" ".join(args.input))
+    except PrepareError as e:
+        sys.exit(f"error: {e}")

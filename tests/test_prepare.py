@@ -1,0 +1,124 @@
+"""data/prepare.py on corpora made inside the tests."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import data.prepare as prepare  # the repository root is on sys.path (conftest.py)
+from conftest import GPT2_RANKS
+from tokenizer import gpt2_encoding
+
+
+def make_corpus(folder, n_docs=40):
+    folder.mkdir(parents=True, exist_ok=True)
+    docs = [f"Document {i}: " + " ".join(f"word{j * i % 97}" for j in range(20 + i)) for i in range(n_docs)]
+    for i, doc in enumerate(docs):
+        (folder / f"doc_{i:03d}.txt").write_text(doc)
+    return docs
+
+
+def read_split(out_dir, split, meta):
+    info = meta["splits"][split]
+    return np.concatenate([np.fromfile(os.path.join(out_dir, f), dtype=meta["dtype"]) for f in info["files"]])
+
+
+def run_prepare(files, out_dir, **kwargs):
+    kwargs = {"workers": 2, "rank_file": GPT2_RANKS, "progress": False, **kwargs}
+    docs = prepare.iter_documents(prepare.list_files(files), kwargs.pop("text_field", "text"))
+    return prepare.prepare_corpus(docs, str(out_dir), **kwargs)
+
+
+def test_gpt2_corpus_round_trips_with_documents_separated(tmp_path):
+    docs = make_corpus(tmp_path / "corpus")
+    meta = run_prepare([str(tmp_path / "corpus")], tmp_path / "out", val_fraction=0.2)
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 50257 and meta["tokenizer"] == "gpt2"
+    enc = gpt2_encoding(GPT2_RANKS)
+    texts = []
+    for split in ("train", "val"):
+        ids = read_split(tmp_path / "out", split, meta)
+        assert len(ids) == meta["splits"][split]["tokens"] and ids[-1] == 50256
+        texts += enc.decode(ids.tolist()).split("<|endoftext|>")[:-1]
+    assert sorted(texts) == sorted(docs)  # every document once, in one split or the other
+    assert 0 < meta["splits"]["val"]["documents"] < 40
+    assert meta["max_token_id"] == 50256
+    with open(tmp_path / "out" / "meta.json") as f:
+        assert json.load(f) == meta
+
+
+def test_document_split_does_not_depend_on_order_or_workers(tmp_path):
+    make_corpus(tmp_path / "corpus")
+    a = run_prepare([str(tmp_path / "corpus")], tmp_path / "a", val_fraction=0.3, workers=1)
+    files = sorted(str(p) for p in (tmp_path / "corpus").iterdir())[::-1]  # reversed file order
+    b = run_prepare(files, tmp_path / "b", val_fraction=0.3, workers=2)
+    enc = gpt2_encoding(GPT2_RANKS)
+    val_a = set(enc.decode(read_split(tmp_path / "a", "val", a).tolist()).split("<|endoftext|>"))
+    val_b = set(enc.decode(read_split(tmp_path / "b", "val", b).tolist()).split("<|endoftext|>"))
+    assert val_a == val_b and len(val_a) > 2
+    c = run_prepare([str(tmp_path / "corpus")], tmp_path / "c", val_fraction=0.3, seed=1)
+    assert c["splits"]["val"]["tokens"] != a["splits"]["val"]["tokens"]  # the seed picks another split
+
+
+def test_shards_hold_the_same_tokens_as_one_file(tmp_path):
+    make_corpus(tmp_path / "corpus")
+    whole = run_prepare([str(tmp_path / "corpus")], tmp_path / "whole", val_fraction=0.1)
+    sharded = run_prepare([str(tmp_path / "corpus")], tmp_path / "sharded", val_fraction=0.1, shard_tokens=300)
+    files = sharded["splits"]["train"]["files"]
+    assert files[:2] == ["train_000.bin", "train_001.bin"] and len(files) > 2
+    assert all(n == 300 for n in sharded["splits"]["train"]["file_tokens"][:-1])
+    assert np.array_equal(read_split(tmp_path / "whole", "train", whole), read_split(tmp_path / "sharded", "train", sharded))
+    # preparing again without shards removes the old shard files
+    run_prepare([str(tmp_path / "corpus")], tmp_path / "sharded", val_fraction=0.1)
+    assert not (tmp_path / "sharded" / "train_000.bin").exists() and (tmp_path / "sharded" / "train.bin").exists()
+
+
+def test_char_vocabulary_past_uint16_is_written_as_uint32(tmp_path):
+    chars = "".join(chr(c) for c in range(0x100, 0x100 + 70_000) if not 0xD800 <= c <= 0xDFFF)
+    text = chars + chars[::-1]
+    meta = prepare.prepare_corpus([text], str(tmp_path / "out"), "char", prepare.alphabet([text]), val_fraction=0.0,
+                                  workers=1, progress=False)
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] == len(chars) + 1
+    ids = read_split(tmp_path / "out", "train", meta)
+    assert ids.dtype == np.uint32 and ids[-1] == len(chars) and ids.max() == len(chars)
+    assert "".join(meta["chars"][i] for i in ids[:-1]) == text
+
+
+def test_small_char_vocabulary_is_uint16(tmp_path):
+    meta = prepare.prepare_corpus(["abc", "cab"], str(tmp_path / "out"), "char", "abc", val_fraction=0.0, workers=1,
+                                  progress=False)
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 4
+    assert read_split(tmp_path / "out", "train", meta).tolist() == [0, 1, 2, 3, 2, 0, 1, 3]
+
+
+def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path):
+    path = tmp_path / "dump.jsonl"
+    path.write_text(json.dumps({"body": "hello world", "id": 1}) + "\n\n" + json.dumps({"body": "again"}) + "\n")
+    assert list(prepare.iter_documents([str(path)], "body")) == ["hello world", "again"]
+    with pytest.raises(prepare.PrepareError, match="line 1: not a JSON object with a 'text' field"):
+        list(prepare.iter_documents([str(path)], "text"))
+
+
+def test_long_text_files_are_cut_at_paragraph_breaks():
+    text = "\n\n".join("x" * 100 for _ in range(50))
+    pieces = list(prepare.split_paragraphs(text, max_chars=1000))
+    assert "".join(pieces) == text and len(pieces) > 3
+    assert all(p.endswith("\n\n") for p in pieces[:-1])
+
+
+def test_inputs_that_match_nothing_are_an_error(tmp_path):
+    with pytest.raises(prepare.PrepareError, match="matches no"):
+        prepare.list_files([str(tmp_path / "*.txt")])
+
+
+def test_prepared_corpus_trains(tmp_path):
+    from conftest import run_script
+    make_corpus(tmp_path / "corpus", n_docs=60)
+    result = run_script("data/prepare.py", "--input", str(tmp_path / "corpus"), "--out_dir", str(tmp_path / "data"),
+                        "--tokenizer", "char", "--val_fraction", "0.2", "--shard_tokens", "2000", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    args = ["--dataset=" + str(tmp_path / "data"), "--out_dir=" + str(tmp_path / "out"), "--device=cpu",
+            "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
+            "--gradient_accumulation_steps=1", "--max_iters=3", "--eval_interval=3", "--eval_iters=2"]
+    train = run_script("train.py", *args, cwd=str(tmp_path))
+    assert train.returncode == 0, train.stderr
+    assert "uint16" in train.stdout
