@@ -70,6 +70,8 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
     if not os.path.isfile(cached):
         try:
             fetch_from_whisper_sdist(cached)
+            print(f"GPT-2 rank file taken from the {WHISPER_SDIST} sdist on the package index, cached at {cached}",
+                  file=sys.stderr)
         except (OSError, subprocess.SubprocessError, StopIteration) as e:
             failures.append(f"{WHISPER_SDIST} from the package index: {e.__class__.__name__}")
             raise RuntimeError(f"cannot load GPT-2's encoding ({'; '.join(failures)}): download gpt2.tiktoken "

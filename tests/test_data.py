@@ -44,3 +44,20 @@ def test_a_rank_file_that_is_not_gpt2s_is_refused(tmp_path):
     fake.write_bytes(open(GPT2_RANKS, "rb").read()[:-10])
     with pytest.raises(ValueError, match="is not GPT-2's rank file"):
         encoding_from_ranks(str(fake))
+
+
+def test_shakespeare_bpe_prepare_matches_nanogpts_token_counts(tmp_path):
+    import json
+    shakespeare = load_module("data/shakespeare/prepare.py")
+    with open(TINY_SHAKESPEARE, encoding="utf-8") as f:
+        meta = shakespeare.prepare(f.read(), str(tmp_path), GPT2_RANKS)
+    assert meta["splits"]["train"]["tokens"] == 301_966 and meta["splits"]["val"]["tokens"] == 36_059
+    train = np.fromfile(tmp_path / "train.bin", dtype=np.uint16)
+    assert gpt2_encoding(GPT2_RANKS).decode(train[:6].tolist()) == "First Citizen:\nBefore we"
+    assert json.loads((tmp_path / "meta.json").read_text())["vocab_size"] == 50257
+
+
+def test_char_prepare_writes_meta_json_that_train_reads(char_data):
+    from train import load_dataset
+    data = load_dataset(char_data, 256)
+    assert data["vocab_size"] == 65 and data["max_token_id"] == 64 and data["dtype"] == np.uint16

@@ -1,0 +1,49 @@
+"""
+Tiny Shakespeare in GPT-2 BPE tokens, for finetuning GPT-2 (config/finetune_shakespeare.py): writes
+train.bin and val.bin (uint16; the first 90% / last 10% of the text) and meta.json next to this file,
+or into --out_dir. The text comes from the same places as data/shakespeare_char/prepare.py, and the
+encoding from tokenizer.py, which also works offline (see --gpt2_tiktoken there).
+
+    python data/shakespeare/prepare.py [--input PATH] [--out_dir DIR] [--gpt2_tiktoken PATH]
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
+from data.prepare import TokenWriter, write_meta  # noqa: E402
+from data.shakespeare_char.prepare import load_text  # noqa: E402
+from tokenizer import EOT, gpt2_encoding  # noqa: E402
+
+
+def prepare(text: str, out_dir: str, rank_file: str | None = None) -> dict:
+    """Encode the first 90% and the last 10% of text with GPT-2's BPE; write the splits and meta.json."""
+    enc = gpt2_encoding(rank_file)
+    n = int(len(text) * 0.9)
+    os.makedirs(out_dir, exist_ok=True)
+    splits = {}
+    for split, part in (("train", text[:n]), ("val", text[n:])):
+        writer = TokenWriter(out_dir, split, np.uint16)
+        writer.write(np.array(enc.encode_ordinary(part), dtype=np.uint16))
+        splits[split] = writer.finish()
+    max_id = max(int(np.fromfile(os.path.join(out_dir, s["files"][0]), dtype=np.uint16).max()) for s in splits.values())
+    meta = {"tokenizer": "gpt2", "vocab_size": EOT + 1, "dtype": "uint16", "eot_token": EOT, "max_token_id": max_id,
+            "splits": splits, "source": "tiny shakespeare"}
+    write_meta(out_dir, meta)
+    return meta
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", help="a text file to use instead of tiny Shakespeare")
+    parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.json")
+    parser.add_argument("--gpt2_tiktoken", help="GPT-2's rank file (gpt2.tiktoken), for machines without network")
+    args = parser.parse_args()
+    text, source = load_text(args.input, here=HERE)
+    print(f"text from {source}")
+    meta = prepare(text, args.out_dir, args.gpt2_tiktoken)
+    print(f"train {meta['splits']['train']['tokens']:,} tokens, val {meta['splits']['val']['tokens']:,} tokens "
+          f"-> {args.out_dir}")
