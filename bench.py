@@ -1,23 +1,34 @@
 """
-Times training steps (forward, backward, optimizer step) of any model config, warm-up excluded:
+Benchmarks. By default, times training steps (forward, backward, optimizer step) of any model config,
+warm-up excluded, and prints ms/iter, tokens/s and MFU (where the device's peak FLOP/s is known; see
+model.PEAK_FLOPS):
 
     python bench.py                                   # GPT-2 124M, batch 12 x 1024, synthetic tokens
     python bench.py --real_data=True --dataset=openwebtext
     python bench.py --device=cpu --compile=False --n_layer=4 --n_head=4 --n_embd=128 --block_size=64
     python bench.py --profile=True                    # also writes a torch profiler trace to bench_trace/
 
-Prints ms/iter, tokens/s and MFU (MFU where the device's peak FLOP/s is known; see model.PEAK_FLOPS).
+The data pipeline, on CPU:
+
+    python bench.py --mode=get_batch --batch_size=64  # train.get_batch against nanoGPT's row-by-row loop
+    python bench.py --mode=prepare --corpus_mb=300    # data/prepare.py against a one-process encode loop
 """
+import glob
 import os
+import random
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 
 import configurator
 from model import GPT, GPTConfig, peak_flops
 
+mode = "train"  # 'train' times training steps; 'get_batch' and 'prepare' time the data pipeline
 # ---- data
 batch_size = 12  # sequences per step
 block_size = 1024  # tokens per sequence
@@ -35,6 +46,11 @@ warmup_steps = 10  # untimed steps first: compilation, allocator and cache warm-
 num_steps = 20  # timed steps
 profile = False  # write a torch profiler trace (bench_trace/, for TensorBoard or Perfetto) instead of timing
 seed = 1337  # seeds init and the batches
+# ---- data pipeline benchmarks
+token_file_tokens = 50_000_000  # --mode=get_batch: size of the random token files (uint16 and uint32) it reads
+corpus_text = "data/shakespeare_char/input.txt"  # --mode=prepare: text to build the benchmark corpus from
+corpus_mb = 300  # --mode=prepare: corpus size in MB, as files of about 1 MB of shuffled paragraphs
+gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without network
 # ---- system
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
@@ -49,10 +65,133 @@ def synchronize(device_type: str):
         torch.mps.synchronize()
 
 
+def get_batch_rows(path: str, dtype, batch_size: int, block_size: int, generator: torch.Generator):
+    """nanoGPT's get_batch, for comparison: one slice, copy and tensor per row, then a stack."""
+    data = np.memmap(path, dtype=dtype, mode="r")
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
+    return x, y
+
+
+def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: int = 200):
+    """Microseconds per batch of train.get_batch and of the row-by-row loop, on uint16 and uint32 files."""
+    from train import get_batch
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in (np.uint16, np.uint32):
+            path = os.path.join(tmp, f"tokens_{np.dtype(dtype).name}.bin")
+            np.random.default_rng(0).integers(0, 50257, n_tokens, dtype=dtype).tofile(path)
+            shards = [(path, n_tokens)]
+            timings = {}
+            for name, fn in (("get_batch", lambda i: get_batch(shards, dtype, batch_size, block_size, (0, i), "cpu")),
+                             ("row loop", lambda i: get_batch_rows(path, dtype, batch_size, block_size, generator))):
+                generator = torch.Generator().manual_seed(0)
+                for i in range(20):  # warm the page cache and the allocator
+                    fn(i)
+                t0 = time.perf_counter()
+                for i in range(repeats):
+                    fn(i)
+                timings[name] = (time.perf_counter() - t0) / repeats * 1e6
+            print(f"{np.dtype(dtype).name}, batch {batch_size} x {block_size}: get_batch {timings['get_batch']:.0f} us, "
+                  f"row loop {timings['row loop']:.0f} us ({timings['row loop'] / timings['get_batch']:.1f}x)")
+
+
+def make_corpus(text_path: str, out_dir: str, n_mb: int):
+    """n_mb files of about 1 MB, each the paragraphs of text_path in a different order."""
+    with open(text_path, encoding="utf-8") as f:
+        paragraphs = f.read().split("\n\n")
+    os.makedirs(out_dir, exist_ok=True)
+    for i in range(n_mb):
+        random.Random(i).shuffle(paragraphs)
+        text, size = [], 0
+        for p in paragraphs:
+            text.append(p)
+            size += len(p) + 2
+            if size >= 1 << 20:
+                break
+        with open(os.path.join(out_dir, f"part_{i:04d}.txt"), "w", encoding="utf-8") as f:
+            f.write("\n\n".join(text))
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory in bytes of a process and all its descendants (Linux /proc)."""
+    children = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+        except (OSError, IndexError, ValueError):
+            continue
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            pass
+    return total
+
+
+def run_measured(cmd: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak resident memory (summed over the process tree, sampled every 50 ms) of cmd."""
+    t0, peak = time.perf_counter(), 0
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None:
+        peak = max(peak, tree_rss(proc.pid))
+        time.sleep(0.05)
+    if proc.returncode:
+        raise RuntimeError(f"{cmd} failed: {proc.stderr.read()[-2000:]}")
+    return time.perf_counter() - t0, peak
+
+
+def baseline_prepare(corpus_dir: str, out_path: str, rank_file: str):
+    """The simple way, for comparison: one process, encode_ordinary per file, append to one file."""
+    from tokenizer import EOT, gpt2_encoding
+    enc = gpt2_encoding(rank_file or None)
+    with open(out_path, "wb") as out:
+        for path in sorted(glob.glob(os.path.join(corpus_dir, "*.txt"))):
+            with open(path, encoding="utf-8") as f:
+                ids = enc.encode_ordinary(f.read())
+            ids.append(EOT)
+            out.write(np.array(ids, dtype=np.uint16).tobytes())
+
+
+def bench_prepare(text_path: str, sizes_mb: list[int], rank_file: str):
+    """Tokens/s and peak memory of data/prepare.py and of baseline_prepare on corpora of the given sizes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        for n_mb in sizes_mb:
+            corpus = os.path.join(tmp, f"corpus_{n_mb}")
+            make_corpus(text_path, corpus, n_mb)
+            rank_args = ["--gpt2_tiktoken", rank_file] if rank_file else []
+            out = os.path.join(tmp, f"out_{n_mb}")
+            seconds, peak = run_measured([sys.executable, os.path.join(here, "data", "prepare.py"), "--input", corpus,
+                                          "--out_dir", out, "--val_fraction", "0.01"] + rank_args)
+            tokens = sum(os.path.getsize(p) // 2 for p in glob.glob(os.path.join(out, "*.bin")))
+            print(f"{n_mb} MB: data/prepare.py ({os.cpu_count()} workers): {tokens:,} tokens in {seconds:.1f} s, "
+                  f"{tokens / seconds:,.0f} tokens/s, peak memory {peak / 2**20:,.0f} MiB")
+            code = f"import bench; bench.baseline_prepare({corpus!r}, {os.path.join(tmp, 'baseline.bin')!r}, {rank_file!r})"
+            seconds, peak = run_measured([sys.executable, "-c", code])
+            tokens = os.path.getsize(os.path.join(tmp, "baseline.bin")) // 2
+            print(f"{n_mb} MB: one-process encode_ordinary loop: {tokens:,} tokens in {seconds:.1f} s, "
+                  f"{tokens / seconds:,.0f} tokens/s, peak memory {peak / 2**20:,.0f} MiB")
+
+
 if __name__ == "__main__":
     sys.excepthook = configurator.excepthook
     config = configurator.configure(configurator.config_keys(globals()), sys.argv[1:], __file__)
     globals().update(config)
+    if mode == "get_batch":
+        bench_get_batch(batch_size, block_size, token_file_tokens)
+        sys.exit(0)
+    if mode == "prepare":
+        bench_prepare(corpus_text, sorted({max(1, corpus_mb // 3), corpus_mb}), gpt2_tiktoken)
+        sys.exit(0)
+    if mode != "train":
+        raise configurator.UserError(f"mode '{mode}' is not train, get_batch or prepare")
     from train import check_device, get_batch, load_dataset, resolve_dtype
 
     device_type = check_device(device)

@@ -122,3 +122,14 @@ def test_estimate_loss_uses_the_same_windows_every_time(tmp_path):
     second = estimate_loss(model, batch_fn, eval_iters=3, splits=("val",))
     assert first == second and first["val"] > 0
     assert model.training  # put back in training mode
+
+
+def test_ranks_draw_different_parts_of_one_global_batch(tmp_path):
+    shards = [(write_tokens(tmp_path / "train.bin", 100_000), 100_000)]
+    seed, step, accum_per_rank = 1337, 3, 2
+    rank_batches = [[get_batch(shards, np.uint16, 4, 16, (seed, 0, step, rank * accum_per_rank + m), "cpu")[0]
+                     for m in range(accum_per_rank)] for rank in range(2)]
+    assert not torch.equal(rank_batches[0][0], rank_batches[1][0])
+    # the same micro-batches, in the same order, as one process taking all four global micro-steps
+    one_process = [get_batch(shards, np.uint16, 4, 16, (seed, 0, step, m), "cpu")[0] for m in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(rank_batches[0] + rank_batches[1], one_process))
