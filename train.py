@@ -187,6 +187,9 @@ def load_dataset(dataset: str, block_size: int) -> dict:
     return {"dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id, "splits": splits}
 
 
+EVAL_STREAM = 2**32  # first element of evaluation batch keys; training keys start with the (smaller) seed
+
+
 def seed_from(key: tuple[int, ...]) -> int:
     """A 64-bit seed that depends on every int in key, well mixed (numpy's SeedSequence)."""
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
@@ -264,10 +267,25 @@ def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
 
 
 def save_checkpoint(checkpoint: dict, path: str):
-    """Write to a temporary file beside path, then rename it over path, so a crash leaves the old file whole."""
+    """Write to a temporary file beside path, flush it to disk, then rename it over path: a crash at any
+    moment leaves either the old file or the new one, whole. A failed write (disk full) keeps the old one."""
     tmp = f"{path}.tmp"
-    torch.save(checkpoint, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise UserError(f"could not write checkpoint {path} ({e.strerror or e}): the previous checkpoint is "
+                        "unchanged; free disk space or choose another out_dir") from e
+    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(directory)  # make the rename itself durable
+    finally:
+        os.close(directory)
 
 
 METRICS_COLUMNS = ["iter", "tokens", "loss", "val_loss", "train_eval_loss", "lr", "grad_norm", "dt_ms",
@@ -328,8 +346,9 @@ if __name__ == "__main__":
         return get_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, key, device)
 
     def eval_batch(split, k):
-        """Evaluation batch k of split: the same windows at every evaluation, so val losses compare."""
-        key = (seed, 1, ("train", "val").index(split), k)
+        """Evaluation batch k of split: the same windows at every evaluation and in every run whatever its
+        seed, so val losses of runs on the same data (and batch_size, block_size) compare."""
+        key = (EVAL_STREAM, ("train", "val").index(split), k)
         return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, key, device)
 
     # ---- model init
@@ -405,7 +424,8 @@ if __name__ == "__main__":
             group["lr"] = lr
 
         # evaluate and checkpoint; skipped right after a resume, which the checkpointed eval already covered
-        if (iter_num % eval_interval == 0 or iter_num >= max_iters) and not (init_from == "resume" and iter_num == start_iter):
+        resumed_here = init_from == "resume" and iter_num == start_iter and not eval_only
+        if (iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only) and not resumed_here:
             t_eval = time.time()
             losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
             improved = losses["val"] < best_val_loss

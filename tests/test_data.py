@@ -61,3 +61,15 @@ def test_char_prepare_writes_meta_json_that_train_reads(char_data):
     from train import load_dataset
     data = load_dataset(char_data, 256)
     assert data["vocab_size"] == 65 and data["max_token_id"] == 64 and data["dtype"] == np.uint16
+
+
+def test_gpt2_encoding_uses_a_cached_rank_file(tmp_path, monkeypatch):
+    import shutil
+    import tokenizer
+    monkeypatch.delenv("NANOGPT_GPT2_TIKTOKEN", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    os.makedirs(os.path.dirname(tokenizer.cache_path()))
+    shutil.copy(GPT2_RANKS, tokenizer.cache_path())
+    # offline, tiktoken's own download fails and the cached copy is used; online, tiktoken gives the same ids
+    assert gpt2_encoding().encode("hello world") == [31373, 995]
+    assert tokenizer.cache_path() == str(tmp_path / "nanogpt" / "gpt2.tiktoken")

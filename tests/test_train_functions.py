@@ -1,5 +1,6 @@
 """train.py's functions, called directly: importing train.py starts nothing."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -133,3 +134,19 @@ def test_ranks_draw_different_parts_of_one_global_batch(tmp_path):
     # the same micro-batches, in the same order, as one process taking all four global micro-steps
     one_process = [get_batch(shards, np.uint16, 4, 16, (seed, 0, step, m), "cpu")[0] for m in range(4)]
     assert all(torch.equal(a, b) for a, b in zip(rank_batches[0] + rank_batches[1], one_process))
+
+
+def test_save_checkpoint_replaces_whole_files_and_keeps_the_old_one_on_failure(tmp_path):
+    from train import save_checkpoint
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint({"iter_num": 1}, path)
+    save_checkpoint({"iter_num": 2}, path)
+    assert torch.load(path, weights_only=True) == {"iter_num": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temporary file left behind
+    # a full disk: the temporary file is made a link to /dev/full, where every write fails with ENOSPC
+    os.symlink("/dev/full", path + ".tmp")
+    with pytest.raises(UserError, match="could not write checkpoint .*No space left on device.* the previous "
+                                        "checkpoint is unchanged"):
+        save_checkpoint({"iter_num": 3, "weights": torch.zeros(100_000)}, path)
+    assert torch.load(path, weights_only=True) == {"iter_num": 2}
+    assert not os.path.lexists(path + ".tmp")

@@ -174,3 +174,15 @@ def test_bfloat16_autocast_on_cpu_trains(char_data, tmp_path):
 def test_help_lists_settings(script, key, tmp_path):
     result = run_script(script, "--help", cwd=str(tmp_path))
     assert result.returncode == 0 and f"--{key}=" in result.stdout
+
+
+def test_evaluation_windows_do_not_depend_on_the_seed(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_script("train.py", *tiny_args(char_data, out, max_iters=10, eval_interval=10), cwd=str(tmp_path)).returncode == 0
+    lines = []
+    for seed in (1, 2):
+        result = run_script("train.py", *tiny_args(char_data, out, init_from="resume", eval_only=True, seed=seed),
+                            cwd=str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        lines.append([line for line in result.stdout.splitlines() if line.startswith("step 10:")])
+    assert lines[0] == lines[1] and len(lines[0]) == 1
