@@ -19,8 +19,9 @@ import configurator
 from model import GPT, GPTConfig
 
 # ---- model
-init_from = "resume"  # 'resume' (from out_dir/ckpt.pt) or gpt2, gpt2-medium, gpt2-large, gpt2-xl
+init_from = "resume"  # 'resume' (a checkpoint in out_dir) or gpt2, gpt2-medium, gpt2-large, gpt2-xl
 out_dir = "out"  # where the checkpoint is, with init_from='resume'
+checkpoint = "ckpt.pt"  # which checkpoint in out_dir: ckpt.pt (latest), best.pt (best val loss) or ckpt_<iter>.pt
 # ---- sampling
 start = "\n"  # the prompt; "FILE:prompt.txt" reads it from a file
 num_samples = 10  # samples to draw
@@ -34,17 +35,15 @@ dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GP
 compile = False  # torch.compile the model: worth it only for long generations
 
 
-def load_model(init_from: str, out_dir: str) -> tuple[GPT, dict | None]:
+def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     """The model to sample from, and the training config it was saved with (None for GPT-2 weights)."""
     if init_from != "resume":
         return GPT.from_pretrained(init_from, dict(dropout=0.0)), None
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    if not os.path.isfile(ckpt_path):
-        raise configurator.UserError(f"no checkpoint at {ckpt_path}: train first, or set --out_dir")
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    model = GPT(GPTConfig(**checkpoint["model_args"]))
-    model.load_state_dict(checkpoint["model"])
-    return model, checkpoint["config"]
+    from train import load_checkpoint, load_model_state
+    saved = load_checkpoint(ckpt_path)
+    model = GPT(GPTConfig(**saved["model_args"]))
+    load_model_state(model, saved["model"], ckpt_path)
+    return model, saved["config"]
 
 
 def load_codec(train_config: dict | None):
@@ -81,7 +80,7 @@ if __name__ == "__main__":
     ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
 
-    model, train_config = load_model(init_from, out_dir)
+    model, train_config = load_model(init_from, os.path.join(out_dir, checkpoint))
     model.eval().to(device)
     if compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs

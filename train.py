@@ -12,9 +12,13 @@ Trains a GPT on one device, or on several with DDP. One CPU or GPU:
 The defaults below train GPT-2 124M on OpenWebText; `python train.py --help` lists them all.
 """
 import csv
+import datetime
 import json
 import math
 import os
+import random
+import shutil
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -33,7 +37,9 @@ eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, a
 log_interval = 1  # print a progress line every this many steps
 eval_iters = 200  # batches per split in each evaluation
 eval_only = False  # evaluate once and exit
-always_save_checkpoint = True  # checkpoint at every eval, not only when val loss improves
+always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves
+keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none
+max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm
 init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt) or gpt2, gpt2-medium, gpt2-large, gpt2-xl
 seed = 1337  # seeds init, dropout and the batch sampler
 # ---- wandb logging
@@ -65,6 +71,7 @@ lr_decay_iters = 600000  # steps until the cosine reaches min_lr; about max_iter
 min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla
 # ---- system
 backend = "auto"  # DDP backend: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise)
+ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
 compile = True  # torch.compile the model: slower start, faster steps
@@ -73,7 +80,7 @@ compile = True  # torch.compile the model: slower start, faster steps
 # ---------------------------------------------------------------------------------------------
 # distributed setup
 
-def setup_distributed(device: str, backend: str) -> tuple[int, int, int, str]:
+def setup_distributed(device: str, backend: str, timeout_s: float = 1800) -> tuple[int, int, int, str]:
     """Join the process group when launched by torchrun. Returns (rank, local_rank, world_size, device)."""
     if "RANK" not in os.environ:
         return 0, 0, 1, device
@@ -84,7 +91,7 @@ def setup_distributed(device: str, backend: str) -> tuple[int, int, int, str]:
         torch.cuda.set_device(device)
     if backend == "auto":
         backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     return rank, local_rank, world_size, device
 
 
@@ -112,6 +119,35 @@ def check_device(device: str) -> str:
     if device_type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"device '{device}' asked for but MPS is not available: use --device=cpu")
     return device_type
+
+
+def compile_problem(device_type: str) -> str | None:
+    """Why torch.compile cannot work on this machine, or None when it can be tried."""
+    if device_type == "cpu" and not (os.environ.get("CXX") or any(shutil.which(c) for c in ("g++", "c++", "clang++"))):
+        return "no C++ compiler (g++, c++ or clang++) on PATH"
+    if device_type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "triton is not installed"
+    return None
+
+
+class StopFlag:
+    """Set by the first SIGTERM or SIGINT (preemption, Ctrl-C, a scheduler's time limit), so the run can
+    finish its step, checkpoint and exit 0; a second signal exits at once."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            os._exit(128 + signum)
+        self.requested = True
+        print(f"{signal.Signals(signum).name}: checkpointing after this step, then exiting "
+              "(send it again to exit at once)", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,13 +293,27 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
 
 
 def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
-    """Every rank's torch RNG states (they drive dropout), in rank order. A collective: all ranks call it."""
-    state = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
+    """Every rank's RNG states, in rank order: torch's drive dropout; numpy's and Python's are kept for code
+    that a fork adds (the batch sampler has its own generator). A collective: all ranks call it."""
+    np_state = np.random.get_state()
+    state = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None,
+             "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+             "python": random.getstate()}
     if world_size == 1:
         return [state]
     states = [None] * world_size
     dist.all_gather_object(states, state)
     return states
+
+
+def set_rng_state(state: dict, device_type: str):
+    """Restore one rank's RNG states from gather_rng_states."""
+    torch.set_rng_state(state["cpu"])
+    if device_type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    random.setstate(state["python"])
 
 
 def save_checkpoint(checkpoint: dict, path: str):
@@ -288,6 +338,82 @@ def save_checkpoint(checkpoint: dict, path: str):
         os.close(directory)
 
 
+CHECKPOINT_KEYS = {"model", "optimizer", "scaler", "model_args", "iter_num", "tokens", "best_val_loss", "config",
+                   "rng_states", "wandb_run_id", "evaluated"}
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+
+
+def load_checkpoint(path: str) -> dict:
+    """A checkpoint written by save_checkpoint, read without running code from it and onto the CPU (so
+    resuming does not spike GPU memory); a UserError when it is missing, unreadable or of another format."""
+    if not os.path.isfile(path):
+        raise UserError(f"no checkpoint at {path}: check out_dir (init_from='resume' continues a run saved there)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several kinds for a torn or foreign file
+        raise UserError(f"checkpoint {path} cannot be read ({e.__class__.__name__}): it is damaged or not a "
+                        "checkpoint of this trainer") from e
+    missing = sorted(CHECKPOINT_KEYS - set(checkpoint)) if isinstance(checkpoint, dict) else ["everything"]
+    if missing:
+        raise UserError(f"checkpoint {path} lacks {missing}: it is from an older version or another trainer")
+    return checkpoint
+
+
+def check_resume_shape(checkpoint_args: dict, config: dict, defaults: dict):
+    """Model-shape settings that the user changed from the defaults must agree with the checkpoint's."""
+    clashes = [f"{k}={config[k]!r} (checkpoint: {checkpoint_args[k]!r})" for k in SHAPE_KEYS
+               if k in config and config[k] != defaults[k] and config[k] != checkpoint_args[k]]
+    if clashes:
+        raise UserError(f"resuming a checkpoint of another model shape: {', '.join(clashes)}; drop those settings "
+                        "or use a new out_dir")
+
+
+def load_model_state(model: torch.nn.Module, state: dict, path: str):
+    """load_state_dict, with a UserError naming the keys that are missing, unexpected or of another shape."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    reshaped = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or reshaped:
+        raise UserError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected "
+                        f"{unexpected[:5]}, other shape {reshaped[:5]}")
+    model.load_state_dict(state)
+
+
+def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n: int):
+    """After ckpt.pt is written: link it as best.pt when val loss improved, and as ckpt_<iter>.pt when
+    keeping the last n; older step checkpoints are deleted only once the new one is in place."""
+    latest = os.path.join(out_dir, "ckpt.pt")
+    names = (["best.pt"] if improved else []) + ([f"ckpt_{iter_num:07d}.pt"] if keep_last_n > 0 else [])
+    for name in names:
+        tmp = os.path.join(out_dir, name + ".tmp")
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        try:
+            os.link(latest, tmp)  # a second name for the same bytes: no copy, and ckpt.pt's next rename leaves it
+        except OSError:
+            shutil.copyfile(latest, tmp)
+        os.replace(tmp, os.path.join(out_dir, name))
+    if keep_last_n > 0:
+        steps = sorted(f for f in os.listdir(out_dir) if f.startswith("ckpt_") and f.endswith(".pt"))
+        for old in steps[:-keep_last_n]:
+            os.remove(os.path.join(out_dir, old))
+
+
+def truncate_metrics(path: str, iter_num: int):
+    """Drop metrics rows past iter_num, written by a run that stopped after its last checkpoint."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    kept = [r for r in rows if int(r["iter"]) <= iter_num]
+    if len(kept) < len(rows):
+        with open(path + ".tmp", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=METRICS_COLUMNS)
+            writer.writeheader()
+            writer.writerows(kept)
+        os.replace(path + ".tmp", path)
+
+
 METRICS_COLUMNS = ["iter", "tokens", "loss", "val_loss", "train_eval_loss", "lr", "grad_norm", "dt_ms",
                    "tokens_per_sec", "mfu"]
 
@@ -306,12 +432,13 @@ def append_metrics(path: str, row: dict):
 
 if __name__ == "__main__":
     sys.excepthook = configurator.excepthook
-    config = configurator.configure(configurator.config_keys(globals()), sys.argv[1:], __file__)
+    defaults = configurator.config_keys(globals())
+    config = configurator.configure(defaults, sys.argv[1:], __file__)
     globals().update(config)
 
     # ---- distributed setup
     device_type = check_device(device)
-    rank, local_rank, world_size, device = setup_distributed(device, backend)
+    rank, local_rank, world_size, device = setup_distributed(device, backend, ddp_timeout)
     ddp = world_size > 1
     master_process = rank == 0  # only rank 0 writes files and prints
     print0 = print if master_process else lambda *args, **kwargs: None
@@ -322,12 +449,15 @@ if __name__ == "__main__":
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     dtype = resolve_dtype(dtype, device_type)
     if master_process:
-        os.makedirs(out_dir, exist_ok=True)
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            configurator.save(config, os.path.join(out_dir, "config.json"))
+        except OSError as e:
+            raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another out_dir") from None
         print(f"world size {world_size}, device {device}, dtype {dtype}; "
               f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps "
               f"x {batch_size} sequences x {block_size} tokens)")
         print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
-        configurator.save(config, os.path.join(out_dir, "config.json"))
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -352,31 +482,29 @@ if __name__ == "__main__":
         return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, key, device)
 
     # ---- model init
-    iter_num, best_val_loss, checkpoint = 0, float("inf"), None
+    iter_num, tokens_seen, best_val_loss, checkpoint = 0, 0, float("inf"), None
     model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                       vocab_size=data["vocab_size"] or 50304, dropout=dropout)  # 50304: GPT-2's 50257 padded for speed
     if init_from == "scratch":
         model = GPT(GPTConfig(**model_args))
     elif init_from == "resume":
         ckpt_path = os.path.join(out_dir, "ckpt.pt")
-        if not os.path.isfile(ckpt_path):
-            raise UserError(f"init_from='resume' but there is no checkpoint at {ckpt_path}: check out_dir")
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size"):
+        checkpoint = load_checkpoint(ckpt_path)
+        check_resume_shape(checkpoint["model_args"], config, defaults)
+        for k in SHAPE_KEYS:
             model_args[k] = checkpoint["model_args"][k]  # the shape comes from the checkpoint
         model = GPT(GPTConfig(**model_args))
-        model.load_state_dict(checkpoint["model"])
-        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
-        rng_states = checkpoint["rng_states"]
-        if len(rng_states) == world_size:  # same world size: each rank continues its own dropout stream
-            torch.set_rng_state(rng_states[rank]["cpu"])
-            if device_type == "cuda" and rng_states[rank]["cuda"] is not None:
-                torch.cuda.set_rng_state(rng_states[rank]["cuda"])
-        else:
+        load_model_state(model, checkpoint["model"], ckpt_path)
+        iter_num, tokens_seen, best_val_loss = checkpoint["iter_num"], checkpoint["tokens"], checkpoint["best_val_loss"]
+        if len(checkpoint["rng_states"]) == world_size:  # each rank continues its own dropout stream
+            set_rng_state(checkpoint["rng_states"][rank], device_type)
+        else:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
+        if master_process:
+            truncate_metrics(os.path.join(out_dir, "metrics.csv"), iter_num)
     elif init_from.startswith("gpt2"):
         model = GPT.from_pretrained(init_from, dict(dropout=dropout))
-        for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size"):
+        for k in SHAPE_KEYS:
             model_args[k] = getattr(model.config, k)
     else:
         raise UserError(f"init_from '{init_from}' is not scratch, resume or a gpt2 variant")
@@ -395,12 +523,16 @@ if __name__ == "__main__":
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
         scaler.load_state_dict(checkpoint["scaler"])
-    wandb_run_id = checkpoint.get("wandb_run_id") if checkpoint else None
+    wandb_run_id = checkpoint["wandb_run_id"] if checkpoint else None
+    skip_first_eval = bool(checkpoint and checkpoint["evaluated"]) and not eval_only  # done before the save
     checkpoint = None  # free the CPU copy
 
     # ---- compile and DDP wrap
     raw_model = model  # what gets saved: no _orig_mod. or module. prefixes
-    if compile:
+    problem = compile_problem(device_type) if compile else None
+    if problem:
+        print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
+    elif compile:
         print0("compiling the model...")
         model = torch.compile(model)
     eval_model = model
@@ -412,10 +544,23 @@ if __name__ == "__main__":
         wandb.init(project=wandb_project, name=wandb_run_name, config=config, id=wandb_run_id, resume="allow")
         wandb_run_id = wandb.run.id
 
+    def save(evaluated: bool, improved: bool):
+        """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it."""
+        rng_states = gather_rng_states(device_type, world_size)
+        if master_process:
+            save_checkpoint({
+                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                "model_args": model_args, "iter_num": iter_num, "tokens": tokens_seen, "best_val_loss": best_val_loss,
+                "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id, "evaluated": evaluated,
+            }, os.path.join(out_dir, "ckpt.pt"))
+            publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
+            print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
+
     # ---- training loop
     metrics_path = os.path.join(out_dir, "metrics.csv")
     peak = peak_flops(device)
-    start_iter = iter_num
+    stop = StopFlag()
+    nonfinite_in_a_row, skipped_steps = 0, 0
     X, Y = train_batch(iter_num, 0)
     t_log, iters_since_log = time.time(), 0
     while True:
@@ -423,31 +568,23 @@ if __name__ == "__main__":
         for group in optimizer.param_groups:
             group["lr"] = lr
 
-        # evaluate and checkpoint; skipped right after a resume, which the checkpointed eval already covered
-        resumed_here = init_from == "resume" and iter_num == start_iter and not eval_only
-        if (iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only) and not resumed_here:
+        # evaluate and checkpoint, unless the checkpoint just resumed was written right after this same eval
+        if (iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only) and not skip_first_eval:
             t_eval = time.time()
             losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
-            improved = losses["val"] < best_val_loss
-            best_val_loss = min(best_val_loss, losses["val"])
-            save = iter_num > 0 and not eval_only and (improved or always_save_checkpoint)
-            rng_states = gather_rng_states(device_type, world_size) if save else None  # every rank takes part
+            improved = math.isfinite(losses["val"]) and losses["val"] < best_val_loss  # NaN never becomes best
+            best_val_loss = min(best_val_loss, losses["val"]) if improved else best_val_loss
+            print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
             if master_process:
-                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                append_metrics(metrics_path, {"iter": iter_num, "tokens": iter_num * tokens_per_iter, "lr": lr,
+                append_metrics(metrics_path, {"iter": iter_num, "tokens": tokens_seen, "lr": lr,
                                               "val_loss": losses["val"], "train_eval_loss": losses["train"]})
                 if wandb_log:
                     wandb.log({"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr},
                               step=iter_num)
-                if save:
-                    save_checkpoint({
-                        "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict(), "model_args": model_args, "iter_num": iter_num,
-                        "best_val_loss": best_val_loss, "config": config, "rng_states": rng_states,
-                        "wandb_run_id": wandb_run_id,
-                    }, os.path.join(out_dir, "ckpt.pt"))
-                    print(f"saved checkpoint to {out_dir}/ckpt.pt")
+            if iter_num > 0 and not eval_only and math.isfinite(losses["val"]) and (improved or always_save_checkpoint):
+                save(evaluated=True, improved=improved)
             t_log += time.time() - t_eval  # keep evaluation out of the ms/iter figures
+        skip_first_eval = False
         if eval_only or iter_num >= max_iters:
             break
 
@@ -464,11 +601,34 @@ if __name__ == "__main__":
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        # one small all-reduce carries every rank's verdict: a non-finite loss anywhere skips the step everywhere
+        # (with fp16 an overflowing gradient is normal and left to the GradScaler), a signal anywhere stops all
+        status = torch.stack([(~torch.isfinite(loss_sum)).float(), torch.tensor(float(stop.requested), device=device),
+                              (~torch.isfinite(grad_norm)).float() * (not scaler.is_enabled())])
+        if ddp:
+            dist.all_reduce(status, op=dist.ReduceOp.MAX)
+        nonfinite, stop_now = bool(status[0] or status[2]), bool(status[1])
+        if nonfinite and not scaler.is_enabled():
+            optimizer.zero_grad(set_to_none=True)  # skip the update; the weights stay as they were
+        else:
+            scaler.step(optimizer)  # with fp16, the scaler itself skips steps whose gradients overflowed
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        nonfinite_in_a_row = nonfinite_in_a_row + 1 if nonfinite else 0
+        skipped_steps += nonfinite
         iter_num += 1
+        tokens_seen += tokens_per_iter
         iters_since_log += 1
+        if nonfinite:
+            print0(f"iter {iter_num}: non-finite loss or gradient norm, step skipped ({skipped_steps} so far)")
+            if nonfinite_in_a_row >= max_nonfinite_steps:
+                raise UserError(f"{nonfinite_in_a_row} steps in a row had a non-finite loss or gradient norm (at iter "
+                                f"{iter_num}): stopping with the last good checkpoint in {out_dir} kept; lower "
+                                "learning_rate, raise warmup_iters or check the data")
+        if stop_now:
+            save(evaluated=False, improved=False)
+            print0(f"stopped by signal at iter {iter_num}; resume with --init_from=resume")
+            break
 
         if iter_num % log_interval == 0 or iter_num == max_iters:
             if ddp:
@@ -483,7 +643,7 @@ if __name__ == "__main__":
                 mfu_text = f", mfu {mfu * 100:.1f}%" if mfu is not None else ""
                 print(f"iter {iter_num}/{max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
                       f"{tokens_per_sec:,.0f} tok/s{mfu_text}")
-                append_metrics(metrics_path, {"iter": iter_num, "tokens": iter_num * tokens_per_iter,
+                append_metrics(metrics_path, {"iter": iter_num, "tokens": tokens_seen,
                                               "loss": loss_value, "lr": lr, "grad_norm": grad_norm.item(),
                                               "dt_ms": dt * 1000, "tokens_per_sec": tokens_per_sec,
                                               "mfu": mfu if mfu is not None else ""})

@@ -68,8 +68,8 @@ def test_resume_continues_with_the_same_losses_as_an_unbroken_run(char_data, tmp
 def test_resume_without_checkpoint_is_a_one_line_error(char_data, tmp_path):
     result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "empty"), init_from="resume"), cwd=str(tmp_path))
     assert result.returncode != 0
-    assert result.stderr.strip().splitlines() == [f"error: init_from='resume' but there is no checkpoint at "
-                                                  f"{tmp_path / 'empty' / 'ckpt.pt'}: check out_dir"]
+    assert result.stderr.strip().splitlines() == [f"error: no checkpoint at {tmp_path / 'empty' / 'ckpt.pt'}: check "
+                                                  "out_dir (init_from='resume' continues a run saved there)"]
 
 
 def test_unknown_flag_is_a_one_line_error(tmp_path):
