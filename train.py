@@ -508,6 +508,8 @@ if __name__ == "__main__":
             model_args[k] = getattr(model.config, k)
     else:
         raise UserError(f"init_from '{init_from}' is not scratch, resume or a gpt2 variant")
+    if init_from != "resume" and not eval_only and master_process:
+        truncate_metrics(os.path.join(out_dir, "metrics.csv"), -1)  # a new run starts a new log
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context
         model_args["block_size"] = block_size
@@ -625,10 +627,6 @@ if __name__ == "__main__":
                 raise UserError(f"{nonfinite_in_a_row} steps in a row had a non-finite loss or gradient norm (at iter "
                                 f"{iter_num}): stopping with the last good checkpoint in {out_dir} kept; lower "
                                 "learning_rate, raise warmup_iters or check the data")
-        if stop_now:
-            save(evaluated=False, improved=False)
-            print0(f"stopped by signal at iter {iter_num}; resume with --init_from=resume")
-            break
 
         if iter_num % log_interval == 0 or iter_num == max_iters:
             if ddp:
@@ -650,6 +648,10 @@ if __name__ == "__main__":
                 if wandb_log:
                     wandb.log({"iter": iter_num, "train/loss_step": loss_value, "lr": lr,
                                "mfu": mfu or 0.0, "grad_norm": grad_norm.item()}, step=iter_num)
+        if stop_now:
+            save(evaluated=False, improved=False)
+            print0(f"stopped by signal at iter {iter_num}; resume with --init_from=resume")
+            break
 
     if wandb_log and master_process:
         wandb.finish()

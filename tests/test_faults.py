@@ -1,0 +1,276 @@
+"""Crash safety and exact resume: kill -9, SIGTERM, non-finite losses, DDP faults, multi-node, bad input."""
+import csv
+import hashlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, run_script
+
+FAULT_ARGS = dict(device="cpu", compile=False, n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8,
+                  gradient_accumulation_steps=2, dropout=0.1, eval_iters=2, eval_interval=4, log_interval=1,
+                  max_iters=24, warmup_iters=4, lr_decay_iters=24, learning_rate=3e-3, min_lr=3e-4)
+
+
+def args_for(data_dir, out_dir, **overrides):
+    return [f"--{k}={v}" for k, v in {**FAULT_ARGS, "dataset": data_dir, "out_dir": out_dir, **overrides}.items()]
+
+
+def losses(out_dir):
+    with open(os.path.join(out_dir, "metrics.csv")) as f:
+        return {int(r["iter"]): float(r["loss"]) for r in csv.DictReader(f) if r["loss"]}
+
+
+def weights(out_dir):
+    return torch.load(os.path.join(out_dir, "ckpt.pt"), map_location="cpu", weights_only=True)["model"]
+
+
+def assert_same_run(a, b, max_iters=24):
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == sorted(lb) == list(range(1, max_iters + 1))
+    assert [la[i] for i in sorted(la)] == [lb[i] for i in sorted(lb)]  # identical, not merely close
+    wa, wb = weights(a), weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def start(data_dir, out_dir, cwd, **overrides):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args_for(data_dir, out_dir, **overrides)],
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_iter(out_dir, iter_num, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(os.path.join(out_dir, "metrics.csv")) and max(losses(out_dir), default=0) >= iter_num:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise TimeoutError(f"no iter {iter_num} in {out_dir}")
+
+
+@pytest.fixture(scope="module")
+def straight_run(char_data, tmp_path_factory):
+    """The uninterrupted run every faulted run is compared with."""
+    out = str(tmp_path_factory.mktemp("straight") / "out")
+    result = run_script("train.py", *args_for(char_data, out), cwd=os.path.dirname(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_resume_after_kill_9_is_exact(char_data, straight_run, tmp_path):
+    out = str(tmp_path / "out")
+    proc = start(char_data, out, str(tmp_path))
+    wait_for_iter(out, 14, proc)  # past the checkpoints at 4, 8 and 12
+    proc.kill()
+    proc.wait()
+    result = run_script("train.py", *args_for(char_data, out, init_from="resume"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert_same_run(straight_run, out)
+
+
+def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run, tmp_path):
+    out = str(tmp_path / "out")
+    proc = start(char_data, out, str(tmp_path))
+    wait_for_iter(out, 6, proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "SIGTERM: checkpointing after this step" in stderr and "stopped by signal" in stdout
+    saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert saved["iter_num"] == max(losses(out)) and not saved["evaluated"]
+    result = run_script("train.py", *args_for(char_data, out, init_from="resume"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert_same_run(straight_run, out)
+
+
+def test_kill_9_at_random_moments_never_loses_the_run(char_data, straight_run, tmp_path):
+    """Kills land anywhere, some during a checkpoint write (every 2 steps here). KILL_SOAK_KILLS sets how many."""
+    out = str(tmp_path / "out")
+    rng = random.Random(int(os.environ.get("KILL_SOAK_SEED", "0")))
+    kills = int(os.environ.get("KILL_SOAK_KILLS", "4"))
+    for _ in range(kills):
+        resume = os.path.exists(os.path.join(out, "ckpt.pt"))
+        proc = start(char_data, out, str(tmp_path), eval_interval=2, init_from="resume" if resume else "scratch")
+        time.sleep(rng.uniform(1.5, 4.0))  # torch's import takes about a second of that
+        proc.kill()
+        proc.wait()
+        if os.path.exists(os.path.join(out, "ckpt.pt")):
+            torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)  # always loadable
+    resume = os.path.exists(os.path.join(out, "ckpt.pt"))
+    result = run_script("train.py", *args_for(char_data, out, eval_interval=2, init_from="resume" if resume else "scratch"),
+                        cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    la, lb = losses(straight_run), losses(out)
+    assert [la[i] for i in sorted(la)] == [lb[i] for i in sorted(lb)]
+    wa, wb = weights(straight_run), weights(out)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_nonfinite_losses_skip_steps_then_stop_keeping_the_checkpoint(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_script("train.py", *args_for(char_data, out, max_iters=4), cwd=str(tmp_path)).returncode == 0
+    before = hashlib.sha256(open(os.path.join(out, "ckpt.pt"), "rb").read()).hexdigest()
+    # a learning rate of 1e30 makes the weights, and so the loss, non-finite within a step or two
+    result = run_script("train.py", *args_for(char_data, out, init_from="resume", max_iters=40, learning_rate=1e30,
+                                              min_lr=1e30, warmup_iters=0, grad_clip=0.0, max_nonfinite_steps=3),
+                        cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert "step skipped" in result.stdout
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 3 steps in a row had a non-finite loss or gradient norm")
+    assert hashlib.sha256(open(os.path.join(out, "ckpt.pt"), "rb").read()).hexdigest() == before
+
+
+def test_best_checkpoint_and_keep_last_n(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *args_for(char_data, out, dropout=0.0, keep_last_n=2), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == ["best.pt", "ckpt.pt", "ckpt_0000020.pt",
+                                                                          "ckpt_0000024.pt"]
+    with open(os.path.join(out, "metrics.csv")) as f:
+        val = {int(r["iter"]): float(r["val_loss"]) for r in csv.DictReader(f) if r["val_loss"]}
+    best = torch.load(os.path.join(out, "best.pt"), map_location="cpu", weights_only=True)
+    assert best["best_val_loss"] == pytest.approx(min(v for i, v in val.items() if i > 0), rel=1e-6)
+    assert val[best["iter_num"]] == pytest.approx(best["best_val_loss"], rel=1e-6)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc, *args, nnodes=1, node_rank=0, port=None):
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    if nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={nnodes}", f"--node_rank={node_rank}", "--master_addr=127.0.0.1", f"--master_port={port}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd + [os.path.join(ROOT, "train.py"), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def worker_pids(launcher_pid):
+    """The train.py processes that a torchrun started."""
+    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout.splitlines()[1:]
+    children = [line.split(None, 2) for line in out]
+    return sorted(int(pid) for pid, ppid, cmd in children if int(ppid) == launcher_pid and "train.py" in cmd)
+
+
+def test_sigterm_to_one_ddp_rank_saves_and_stops_both(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    proc = torchrun(2, *args_for(char_data, out, backend="gloo", max_iters=200))
+    wait_for_iter(out, 3, proc)
+    os.kill(worker_pids(proc.pid)[1], signal.SIGTERM)  # rank 1 only
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert saved["iter_num"] == max(losses(out)) < 200 and len(saved["rng_states"]) == 2
+
+
+def test_a_ddp_rank_killed_makes_the_other_exit(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    proc = torchrun(2, *args_for(char_data, out, backend="gloo", max_iters=100_000, ddp_timeout=60))
+    wait_for_iter(out, 3, proc)
+    t0 = time.time()
+    os.kill(worker_pids(proc.pid)[1], signal.SIGKILL)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0 and time.time() - t0 < 90
+
+
+def test_two_nodes_on_loopback_match_one_node(char_data, tmp_path):
+    single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
+    common = dict(backend="gloo", dropout=0.0, max_iters=8)
+    one = torchrun(2, *args_for(char_data, single, **common))
+    assert one.wait(timeout=180) == 0, one.communicate()
+    port = free_port()
+    nodes = [torchrun(1, *args_for(char_data, multi, **common), nnodes=2, node_rank=r, port=port) for r in (0, 1)]
+    for node in nodes:
+        assert node.wait(timeout=180) == 0, node.communicate()
+    la, lb = losses(single), losses(multi)
+    assert sorted(la) == sorted(lb) == list(range(1, 9))
+    assert all(abs(la[i] - lb[i]) < 1e-6 for i in la)
+
+
+# ---- bad input: one line, non-zero exit, nothing already written is touched
+
+@pytest.fixture()
+def trained(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_script("train.py", *args_for(char_data, out, max_iters=4), cwd=str(tmp_path)).returncode == 0
+    digest = hashlib.sha256(open(os.path.join(out, "ckpt.pt"), "rb").read()).hexdigest()
+    yield out
+    assert hashlib.sha256(open(os.path.join(out, "ckpt.pt"), "rb").read()).hexdigest() == digest
+
+
+def one_line_error(result):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch_size=big"], "config key 'batch_size' in flag '--batch_size=big' must be int"),
+    (["--lerning_rate=1"], "did you mean 'learning_rate'"),
+    (["no_such_config.py"], "config file 'no_such_config.py' not found"),
+    (["--block_size=200000"], "block_size 200000 is not shorter than the val split"),
+    (["--n_layer=3", "--init_from=resume"], "resuming a checkpoint of another model shape: n_layer=3 (checkpoint: 2)"),
+    (["--dtype=float64"], "dtype 'float64' is not one of"),
+    (["--device=cuda"], "CUDA is not available"),
+    (["--init_from=gpt5"], "init_from 'gpt5' is not scratch, resume or a gpt2 variant"),
+])
+def test_bad_input_is_one_line_and_keeps_the_checkpoint(trained, char_data, tmp_path, flags, message):
+    result = run_script("train.py", *args_for(char_data, trained, max_iters=8), *flags, cwd=str(tmp_path))
+    assert message in one_line_error(result)
+
+
+def test_config_file_with_a_syntax_error(trained, char_data, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("batch_size = 4\nlearning_rate = (\n")
+    result = run_script("train.py", str(bad), *args_for(char_data, trained), cwd=str(tmp_path))
+    assert "bad.py' line" in one_line_error(result)
+
+
+def test_out_dir_not_writable(char_data, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    result = run_script("train.py", *args_for(char_data, str(blocker / "out")), cwd=str(tmp_path))
+    assert "is not writable" in one_line_error(result)
+
+
+def test_torn_checkpoint_is_refused(trained, char_data, tmp_path):
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    with open(os.path.join(trained, "ckpt.pt"), "rb") as f:
+        (torn / "ckpt.pt").write_bytes(f.read()[:5000])
+    result = run_script("train.py", *args_for(char_data, str(torn), init_from="resume"), cwd=str(tmp_path))
+    assert "cannot be read" in one_line_error(result)
+
+
+def test_checkpoint_of_another_format_names_what_is_missing(char_data, tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    torch.save({"model": {}, "iter_num": 3}, old / "ckpt.pt")
+    result = run_script("train.py", *args_for(char_data, str(old), init_from="resume"), cwd=str(tmp_path))
+    assert "lacks ['best_val_loss', 'config'" in one_line_error(result)
+
+
+def test_compile_unavailable_falls_back_with_a_warning(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    empty = tmp_path / "empty_path"
+    empty.mkdir()
+    result = run_script("train.py", *args_for(char_data, out, max_iters=2, compile=True), cwd=str(tmp_path),
+                        env={"PATH": str(empty), "CXX": ""})
+    assert result.returncode == 0, result.stderr
+    assert "warning: compile=True but no C++ compiler" in result.stderr
