@@ -92,21 +92,27 @@ def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run
     assert_same_run(straight_run, out)
 
 
-def test_kill_9_at_random_moments_never_loses_the_run(char_data, straight_run, tmp_path):
-    """Kills land anywhere, some during a checkpoint write (every 2 steps here). KILL_SOAK_KILLS sets how many."""
-    out = str(tmp_path / "out")
+def test_kill_9_at_random_moments_never_loses_the_run(char_data, tmp_path):
+    """Kills land anywhere, some during a checkpoint write: a 3M-parameter model checkpointed every 2 steps
+    spends much of its time saving. KILL_SOAK_KILLS sets how many kills."""
+    soak = dict(n_layer=4, n_head=4, n_embd=256, eval_interval=2)
+    straight_run, out = str(tmp_path / "straight"), str(tmp_path / "out")
+    assert run_script("train.py", *args_for(char_data, straight_run, **soak), cwd=str(tmp_path)).returncode == 0
     rng = random.Random(int(os.environ.get("KILL_SOAK_SEED", "0")))
     kills = int(os.environ.get("KILL_SOAK_KILLS", "4"))
+    during_save = 0
     for _ in range(kills):
         resume = os.path.exists(os.path.join(out, "ckpt.pt"))
-        proc = start(char_data, out, str(tmp_path), eval_interval=2, init_from="resume" if resume else "scratch")
-        time.sleep(rng.uniform(1.5, 4.0))  # torch's import takes about a second of that
+        proc = start(char_data, out, str(tmp_path), init_from="resume" if resume else "scratch", **soak)
+        time.sleep(rng.uniform(2.0, 6.0))  # start-up (torch's import, the first eval) takes about 2.5 s
         proc.kill()
         proc.wait()
+        during_save += os.path.exists(os.path.join(out, "ckpt.pt.tmp"))  # a write the kill cut short
         if os.path.exists(os.path.join(out, "ckpt.pt")):
             torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)  # always loadable
+    print(f"{kills} kills, {during_save} of them during a checkpoint write")
     resume = os.path.exists(os.path.join(out, "ckpt.pt"))
-    result = run_script("train.py", *args_for(char_data, out, eval_interval=2, init_from="resume" if resume else "scratch"),
+    result = run_script("train.py", *args_for(char_data, out, init_from="resume" if resume else "scratch", **soak),
                         cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     la, lb = losses(straight_run), losses(out)
