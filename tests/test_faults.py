@@ -92,6 +92,20 @@ def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run
     assert_same_run(straight_run, out)
 
 
+def test_a_second_signal_exits_at_once(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    proc = start(char_data, out, str(tmp_path), max_iters=100_000, n_layer=4, n_embd=256, n_head=4)
+    wait_for_iter(out, 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    for line in proc.stderr:  # wait until the first one has been handled
+        if "checkpointing after this step" in line:
+            break
+    proc.send_signal(signal.SIGTERM)  # before the 3M-parameter model's step in progress can finish
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not os.path.exists(os.path.join(out, "ckpt.pt"))  # it did not stay to save
+
+
 def test_kill_9_at_random_moments_never_loses_the_run(char_data, tmp_path):
     """Kills land anywhere, some during a checkpoint write: a 3M-parameter model checkpointed every 2 steps
     spends much of its time saving. KILL_SOAK_KILLS sets how many kills."""
