@@ -7,9 +7,7 @@ Samples text from a trained model (out_dir/ckpt.pt) or from OpenAI's GPT-2 weigh
 
 Text is decoded with the dataset's characters when it is a character dataset, else with GPT-2's BPE.
 """
-import json
 import os
-import pickle
 import sys
 from contextlib import nullcontext
 
@@ -46,28 +44,6 @@ def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     return model, saved["config"]
 
 
-def load_codec(train_config: dict | None):
-    """(encode, decode) for the model: the dataset's characters when it is a character dataset, else GPT-2 BPE."""
-    if train_config is not None:
-        from train import find_dataset
-        data_dir = find_dataset(train_config["dataset"])
-        chars = None
-        if os.path.exists(os.path.join(data_dir, "meta.json")):
-            with open(os.path.join(data_dir, "meta.json")) as f:
-                meta = json.load(f)
-            chars = meta.get("chars")
-        elif os.path.exists(os.path.join(data_dir, "meta.pkl")):  # nanoGPT's character datasets
-            with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
-                itos = pickle.load(f)["itos"]
-            chars = "".join(itos[i] for i in range(len(itos)))
-        if chars is not None:
-            stoi = {c: i for i, c in enumerate(chars)}
-            return (lambda s: [stoi[c] for c in s]), (lambda ids: "".join(chars[i] if i < len(chars) else "<|endoftext|>" for i in ids))
-    from tokenizer import gpt2_encoding
-    enc = gpt2_encoding()
-    return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
-
-
 if __name__ == "__main__":
     sys.excepthook = configurator.excepthook
     config = configurator.configure(configurator.config_keys(globals()), sys.argv[1:], __file__)
@@ -84,7 +60,9 @@ if __name__ == "__main__":
     model.eval().to(device)
     if compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs
-    encode, decode = load_codec(train_config)
+    from tokenizer import dataset_codec
+    from train import find_dataset
+    encode, decode = dataset_codec(find_dataset(train_config["dataset"]) if train_config else None)
 
     if start.startswith("FILE:"):
         with open(start[5:], encoding="utf-8") as f:

@@ -7,7 +7,9 @@ openai-whisper source package on the Python package index (downloaded, never ins
 file is checked against GPT-2's sha256, so each route gives the same ids.
 """
 import hashlib
+import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,8 @@ import tarfile
 import tempfile
 
 import tiktoken
+
+from configurator import UserError
 
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"
@@ -77,3 +81,28 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
             raise RuntimeError(f"cannot load GPT-2's encoding ({'; '.join(failures)}): download gpt2.tiktoken "
                                "(whisper/assets/ in openai-whisper) and set NANOGPT_GPT2_TIKTOKEN to its path") from e
     return encoding_from_ranks(cached)
+
+
+def dataset_codec(data_dir: str | None):
+    """(encode, decode) for a dataset folder: its characters when it is a character dataset (meta.json's
+    chars, or nanoGPT's meta.pkl), else GPT-2's BPE. None stands for a GPT-2 model without a dataset."""
+    chars = None
+    if data_dir and os.path.exists(os.path.join(data_dir, "meta.json")):
+        with open(os.path.join(data_dir, "meta.json")) as f:
+            chars = json.load(f).get("chars")
+    elif data_dir and os.path.exists(os.path.join(data_dir, "meta.pkl")):
+        with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
+            itos = pickle.load(f)["itos"]
+        chars = "".join(itos[i] for i in range(len(itos)))
+    if chars is not None:
+        stoi = {c: i for i, c in enumerate(chars)}
+
+        def encode(text: str) -> list[int]:
+            missing = sorted(set(text) - set(stoi))
+            if missing:
+                raise UserError(f"the prompt has characters the dataset does not: {missing}")
+            return [stoi[c] for c in text]
+
+        return encode, lambda ids: "".join(chars[i] if i < len(chars) else "<|endoftext|>" for i in ids)
+    enc = gpt2_encoding()
+    return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode

@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -35,6 +36,7 @@ from model import GPT, GPTConfig, peak_flops
 out_dir = "out"  # where ckpt.pt, metrics.csv and config.json go
 eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last
 log_interval = 1  # print a progress line every this many steps
+log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals only)
 eval_iters = 200  # batches per split in each evaluation
 eval_only = False  # evaluate once and exit
 always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves
@@ -42,6 +44,9 @@ keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt;
 max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm
 init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt) or gpt2, gpt2-medium, gpt2-large, gpt2-xl
 seed = 1337  # seeds init, dropout and the batch sampler
+sample_interval = 0  # every this many evals, rank 0 writes a sample to stdout, out_dir/samples.txt and wandb; 0: never
+sample_prompt = "\n"  # the prompt of those samples
+sample_tokens = 200  # tokens per sample
 # ---- wandb logging
 wandb_log = False  # log to Weights & Biases (WANDB_MODE=offline works without network)
 wandb_project = "owt"  # wandb project name
@@ -220,7 +225,7 @@ def load_dataset(dataset: str, block_size: int) -> dict:
         splits[split] = list(zip(paths, counts))
     if max_id is None:
         max_id = max_token_id(files["train"] + files["val"], dtype)
-    return {"dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id, "splits": splits}
+    return {"dir": data_dir, "dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id, "splits": splits}
 
 
 EVAL_STREAM = 2**32  # first element of evaluation batch keys; training keys start with the (smaller) seed
@@ -338,8 +343,8 @@ def save_checkpoint(checkpoint: dict, path: str):
         os.close(directory)
 
 
-CHECKPOINT_KEYS = {"model", "optimizer", "scaler", "model_args", "iter_num", "tokens", "best_val_loss", "config",
-                   "rng_states", "wandb_run_id", "evaluated"}
+CHECKPOINT_KEYS = {"model", "optimizer", "scaler", "model_args", "iter_num", "tokens", "best_val_loss", "best_iter",
+                   "config", "rng_states", "wandb_run_id", "evaluated"}
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
 
 
@@ -428,6 +433,43 @@ def append_metrics(path: str, row: dict):
         writer.writerow(row)
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as h:mm:ss."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(it: int, max_iters: int, loss: float, lr: float, tokens_per_sec: float, mfu: float | None,
+                  elapsed: float, eta: float) -> str:
+    """One human-readable progress line."""
+    mfu_text = f" | mfu {mfu * 100:.1f}%" if mfu is not None else ""
+    return (f"iter {it}/{max_iters} ({100 * it / max_iters:.1f}%) | loss {loss:.4f} | lr {lr:.2e} | "
+            f"{tokens_per_sec:,.0f} tok/s{mfu_text} | {format_duration(elapsed)} elapsed, ETA {format_duration(eta)}")
+
+
+def run_info(config: dict, argv: list[str]) -> dict:
+    """What reproduces a run besides its config: the command, the code version and the library versions."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True,
+                                    timeout=10).stdout.strip()) if commit else None
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"command": " ".join([os.path.basename(sys.executable)] + argv), "git_commit": commit,
+            "git_dirty": dirty, "torch": torch.__version__, "python": sys.version.split()[0],
+            "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
+
+
+def write_json(path: str, obj: dict):
+    """Write obj as indented JSON through a temporary file."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
 # ---------------------------------------------------------------------------------------------
 
 if __name__ == "__main__":
@@ -448,6 +490,8 @@ if __name__ == "__main__":
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     dtype = resolve_dtype(dtype, device_type)
+    if log_format not in ("text", "json", "quiet"):
+        raise UserError(f"log_format '{log_format}' is not text, json or quiet")
     if master_process:
         try:
             os.makedirs(out_dir, exist_ok=True)
@@ -482,7 +526,7 @@ if __name__ == "__main__":
         return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, key, device)
 
     # ---- model init
-    iter_num, tokens_seen, best_val_loss, checkpoint = 0, 0, float("inf"), None
+    iter_num, tokens_seen, best_val_loss, best_iter, checkpoint = 0, 0, float("inf"), None, None
     model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                       vocab_size=data["vocab_size"] or 50304, dropout=dropout)  # 50304: GPT-2's 50257 padded for speed
     if init_from == "scratch":
@@ -495,7 +539,8 @@ if __name__ == "__main__":
             model_args[k] = checkpoint["model_args"][k]  # the shape comes from the checkpoint
         model = GPT(GPTConfig(**model_args))
         load_model_state(model, checkpoint["model"], ckpt_path)
-        iter_num, tokens_seen, best_val_loss = checkpoint["iter_num"], checkpoint["tokens"], checkpoint["best_val_loss"]
+        iter_num, tokens_seen = checkpoint["iter_num"], checkpoint["tokens"]
+        best_val_loss, best_iter = checkpoint["best_val_loss"], checkpoint["best_iter"]
         if len(checkpoint["rng_states"]) == world_size:  # each rank continues its own dropout stream
             set_rng_state(checkpoint["rng_states"][rank], device_type)
         else:  # another world size: fresh streams, still a function of (seed, step, rank)
@@ -517,7 +562,14 @@ if __name__ == "__main__":
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     model.to(device)
-    print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters; starting at iteration {iter_num}")
+    if master_process:
+        print(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {max_iters:,} steps of {tokens_per_iter:,} tokens "
+              f"({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens planned; "
+              f"starting at iteration {iter_num}; world size {world_size}, {device}, {dtype}, compile {compile}")
+        info = run_info(config, sys.argv)
+        info.update(world_size=world_size, device=device, dtype=dtype, parameters=model.get_num_params(),
+                    tokens_per_iter=tokens_per_iter, start_iter=iter_num)
+        write_json(os.path.join(out_dir, "run.json"), info)
 
     # ---- optimizer
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))  # fp16 needs loss scaling, bf16 not
@@ -543,8 +595,33 @@ if __name__ == "__main__":
 
     if wandb_log and master_process:
         import wandb
+        # the id saved in the checkpoint makes a resumed run continue the same wandb run
         wandb.init(project=wandb_project, name=wandb_run_name, config=config, id=wandb_run_id, resume="allow")
         wandb_run_id = wandb.run.id
+
+    def write_sample(it: int):
+        """Generate sample_tokens tokens from sample_prompt on rank 0 and log them everywhere."""
+        global codec
+        if codec is None:
+            from tokenizer import dataset_codec
+            codec = dataset_codec(data["dir"])
+        encode, decode = codec
+        prompt = torch.tensor(encode(sample_prompt), dtype=torch.long, device=device)[None]
+        raw_model.eval()
+        with torch.no_grad(), ctx:  # its own generator: sampling leaves the training RNG streams alone
+            ids = raw_model.generate(prompt, sample_tokens, temperature=0.8, top_k=200,
+                                     generator=torch.Generator(device).manual_seed(seed))
+        raw_model.train()
+        text = decode(ids[0].tolist())
+        if log_format == "json":
+            print(json.dumps({"iter": it, "sample": text}), flush=True)
+        else:
+            print(f"---- sample at iter {it} ----\n{text}\n----")
+        with open(os.path.join(out_dir, "samples.txt"), "a") as f:
+            f.write(f"---- iter {it} ----\n{text}\n")
+        if wandb_log:
+            samples.append([it, text])
+            wandb.log({"samples": wandb.Table(columns=["iter", "sample"], data=samples)}, step=it)
 
     def save(evaluated: bool, improved: bool):
         """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it."""
@@ -553,6 +630,7 @@ if __name__ == "__main__":
             save_checkpoint({
                 "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                 "model_args": model_args, "iter_num": iter_num, "tokens": tokens_seen, "best_val_loss": best_val_loss,
+                "best_iter": best_iter,
                 "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id, "evaluated": evaluated,
             }, os.path.join(out_dir, "ckpt.pt"))
             publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
@@ -562,7 +640,8 @@ if __name__ == "__main__":
     metrics_path = os.path.join(out_dir, "metrics.csv")
     peak = peak_flops(device)
     stop = StopFlag()
-    nonfinite_in_a_row, skipped_steps = 0, 0
+    nonfinite_in_a_row, skipped_steps, evals_done, last_losses, codec, samples = 0, 0, 0, None, None, []
+    t_start, train_time, start_iter, eta_announced = time.time(), 0.0, iter_num, False
     X, Y = train_batch(iter_num, 0)
     t_log, iters_since_log = time.time(), 0
     while True:
@@ -575,8 +654,13 @@ if __name__ == "__main__":
             t_eval = time.time()
             losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
             improved = math.isfinite(losses["val"]) and losses["val"] < best_val_loss  # NaN never becomes best
-            best_val_loss = min(best_val_loss, losses["val"]) if improved else best_val_loss
-            print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            if improved:
+                best_val_loss, best_iter = losses["val"], iter_num
+            last_losses, evals_done = losses, evals_done + 1
+            if log_format == "json":
+                print0(json.dumps({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]}), flush=True)
+            else:
+                print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
             if master_process:
                 append_metrics(metrics_path, {"iter": iter_num, "tokens": tokens_seen, "lr": lr,
                                               "val_loss": losses["val"], "train_eval_loss": losses["train"]})
@@ -585,6 +669,8 @@ if __name__ == "__main__":
                               step=iter_num)
             if iter_num > 0 and not eval_only and math.isfinite(losses["val"]) and (improved or always_save_checkpoint):
                 save(evaluated=True, improved=improved)
+            if master_process and sample_interval and evals_done % sample_interval == 0:
+                write_sample(iter_num)
             t_log += time.time() - t_eval  # keep evaluation out of the ms/iter figures
         skip_first_eval = False
         if eval_only or iter_num >= max_iters:
@@ -634,13 +720,23 @@ if __name__ == "__main__":
             loss_value = loss_sum.item()  # also waits for the device, so the timing below is real
             t_now = time.time()
             dt = (t_now - t_log) / iters_since_log
+            train_time += t_now - t_log
             t_log, iters_since_log = t_now, 0
             tokens_per_sec = tokens_per_iter / dt
             mfu = raw_model.estimate_mfu(tokens_per_iter // world_size, dt, peak)
+            eta = train_time / (iter_num - start_iter) * (max_iters - iter_num)  # from this session's mean step time
             if master_process:
-                mfu_text = f", mfu {mfu * 100:.1f}%" if mfu is not None else ""
-                print(f"iter {iter_num}/{max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                      f"{tokens_per_sec:,.0f} tok/s{mfu_text}")
+                if log_format == "text":
+                    print(progress_line(iter_num, max_iters, loss_value, lr, tokens_per_sec, mfu, t_now - t_start, eta))
+                elif log_format == "json":
+                    print(json.dumps({"iter": iter_num, "max_iters": max_iters, "loss": loss_value, "lr": lr,
+                                      "tokens": tokens_seen, "tokens_per_sec": tokens_per_sec, "mfu": mfu,
+                                      "grad_norm": grad_norm.item(), "elapsed_s": t_now - t_start, "eta_s": eta}),
+                          flush=True)
+                if not eta_announced and iter_num - start_iter >= min(10, max_iters - start_iter) and log_format != "json":
+                    eta_announced = True
+                    print(f"estimated time for the remaining {max_iters - iter_num:,} steps: {format_duration(eta)} "
+                          f"({train_time / (iter_num - start_iter) * 1000:.1f} ms/step so far, evaluations not included)")
                 append_metrics(metrics_path, {"iter": iter_num, "tokens": tokens_seen,
                                               "loss": loss_value, "lr": lr, "grad_norm": grad_norm.item(),
                                               "dt_ms": dt * 1000, "tokens_per_sec": tokens_per_sec,
@@ -653,6 +749,30 @@ if __name__ == "__main__":
             print0(f"stopped by signal at iter {iter_num}; resume with --init_from=resume")
             break
 
+    # ---- cleanup and summary
+    if master_process:
+        steps_done = iter_num - start_iter
+        summary = {
+            "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stop.requested, "skipped_steps": skipped_steps,
+            "final_train_loss": last_losses["train"] if last_losses else None,
+            "final_val_loss": last_losses["val"] if last_losses else None,
+            "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else None, "best_iter": best_iter,
+            "wall_time_s": time.time() - t_start,
+            "mean_tokens_per_sec": steps_done * tokens_per_iter / train_time if train_time else None,
+            "mean_mfu": raw_model.estimate_mfu(tokens_per_iter // world_size, train_time / steps_done, peak) if steps_done else None,
+            "checkpoint": os.path.join(out_dir, "ckpt.pt") if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else None,
+        }
+        write_json(os.path.join(out_dir, "summary.json"), summary)
+        if log_format == "json":
+            print(json.dumps({"summary": summary}))
+        else:
+            fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
+            print(f"done: {iter_num:,} iters, {tokens_seen:,} tokens in {format_duration(summary['wall_time_s'])}; "
+                  f"final train/val loss {fmt(summary['final_train_loss'])}/{fmt(summary['final_val_loss'])}, best val "
+                  f"{fmt(summary['best_val_loss'])} at iter {best_iter}; "
+                  + (f"{summary['mean_tokens_per_sec']:,.0f} tok/s" if summary["mean_tokens_per_sec"] else "no steps")
+                  + (f", mfu {summary['mean_mfu'] * 100:.1f}%" if summary["mean_mfu"] else "")
+                  + f"; checkpoint {summary['checkpoint']}; summary in {out_dir}/summary.json")
     if wandb_log and master_process:
         wandb.finish()
     if ddp:

@@ -283,7 +283,7 @@ def test_checkpoint_of_another_format_names_what_is_missing(char_data, tmp_path)
     old.mkdir()
     torch.save({"model": {}, "iter_num": 3}, old / "ckpt.pt")
     result = run_script("train.py", *args_for(char_data, str(old), init_from="resume"), cwd=str(tmp_path))
-    assert "lacks ['best_val_loss', 'config'" in one_line_error(result)
+    assert "lacks ['best_iter', 'best_val_loss', 'config'" in one_line_error(result)
 
 
 def test_compile_unavailable_falls_back_with_a_warning(char_data, tmp_path):
