@@ -108,7 +108,7 @@ def describe(path: str, config: dict) -> str:
     with open(path) as f:
         tokens = list(tokenize.generate_tokens(io.StringIO(f.read()).readline))
     comments = {tok.start[0]: tok.string.lstrip("#").strip() for tok in tokens if tok.type == tokenize.COMMENT}
-    lines = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]", ""]
+    lines = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]"]
     for i, tok in enumerate(tokens):
         row, col = tok.start
         text = comments.get(row, "")

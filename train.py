@@ -33,7 +33,7 @@ from configurator import UserError
 from model import GPT, GPTConfig, peak_flops
 
 # ---- I/O
-out_dir = "out"  # where ckpt.pt, metrics.csv and config.json go
+out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go
 eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last
 log_interval = 1  # print a progress line every this many steps
 log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals only)

@@ -1,0 +1,89 @@
+"""
+Plots runs from their out_dir/metrics.csv, overlaid, into one PNG:
+
+    python plot.py out-shakespeare-char                    # writes out-shakespeare-char/plot.png
+    python plot.py out-a out-b --out compare.png --smooth 0.9 --logx
+
+Panels: train and val loss against tokens, learning rate, gradient norm, tokens/s and MFU (when known).
+Needs matplotlib (pip install matplotlib).
+"""
+import argparse
+import csv
+import os
+import sys
+
+
+def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
+    """Series of (tokens, value) per column from out_dir/metrics.csv, blanks skipped."""
+    path = os.path.join(out_dir, "metrics.csv")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: give the out_dir of a run")
+    series = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            for key, value in row.items():
+                if key not in ("iter", "tokens") and value not in ("", None):
+                    series.setdefault(key, []).append((float(row["tokens"]), float(value)))
+    return series
+
+
+def smooth(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average, debiased like TensorBoard's, so early points are not pulled to zero."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, 1):
+        avg = weight * avg + (1 - weight) * v
+        out.append(avg / (1 - weight ** i) if weight > 0 else v)
+    return out
+
+
+def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.0, logx: bool = False):
+    """Draw every run's metrics into one figure at out_path."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # files only; no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plot.py needs matplotlib: pip install matplotlib") from None
+    runs = {os.path.basename(os.path.normpath(d)): read_metrics(d) for d in out_dirs}
+    panels = [("loss", "loss (train: lines, val: markers)"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
+              ("tokens_per_sec", "tokens/s"), ("mfu", "MFU")]
+    panels = [p for p in panels if any(p[0] in s or (p[0] == "loss" and "val_loss" in s) for s in runs.values())]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels) + 0.6), sharex=True, squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (column, title), ax in zip(panels, axes[:, 0]):
+        for i, (name, series) in enumerate(runs.items()):
+            color = colors[i % len(colors)]
+            if column in series:
+                x, y = zip(*series[column])
+                ax.plot(x, smooth(list(y), smoothing) if column == "loss" else y, color=color, label=name, lw=1.2)
+            if column == "loss" and "val_loss" in series:
+                x, y = zip(*series["val_loss"])
+                ax.plot(x, y, "o--", color=color, ms=4, lw=0.8, label=f"{name} val")
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.grid(alpha=0.3)
+        if column == "mfu":
+            ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        if logx:
+            ax.set_xscale("log")
+    axes[0, 0].legend(fontsize=8)
+    axes[-1, 0].set_xlabel("tokens")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dirs", nargs="+", help="run folders holding metrics.csv")
+    parser.add_argument("--out", help="PNG to write (default: plot.png in the first run's folder)")
+    parser.add_argument("--smooth", type=float, default=0.0, help="EMA weight for the train loss, 0 (none) to 0.99")
+    parser.add_argument("--logx", action="store_true", help="log-scale token axis")
+    args = parser.parse_args()
+    if not 0 <= args.smooth < 1:
+        sys.exit(f"error: --smooth {args.smooth} is not in [0, 1)")
+    out_path = args.out or os.path.join(args.out_dirs[0], "plot.png")
+    try:
+        plot_runs(args.out_dirs, out_path, args.smooth, args.logx)
+    except (FileNotFoundError, ImportError) as e:
+        sys.exit(f"error: {e}")
+    print(f"wrote {out_path}")

@@ -1,0 +1,145 @@
+"""Seeing a run: plots, wandb that resumes, progress formats, samples, --help, run.json and summary.json."""
+import glob
+import json
+import os
+import struct
+
+import pytest
+
+from conftest import ROOT, run_script
+from test_training import read_metrics, tiny_args
+
+
+def test_plot_renders_two_runs(char_data, tmp_path):
+    import matplotlib.image
+    runs = []
+    for lr in ("3e-3", "1e-3"):
+        out = str(tmp_path / f"lr{lr}")
+        assert run_script("train.py", *tiny_args(char_data, out, max_iters=20, eval_interval=10, learning_rate=lr),
+                          cwd=str(tmp_path)).returncode == 0
+        runs.append(out)
+    png = str(tmp_path / "compare.png")
+    result = run_script("plot.py", *runs, "--out", png, "--smooth", "0.5", "--logx", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    image = matplotlib.image.imread(png)
+    assert image.shape[0] > 800 and image.shape[1] > 800  # four panels: loss, lr, grad norm, tokens/s
+    assert image[..., :3].std() > 0.05  # something was drawn
+
+
+def test_plot_smoothing_is_debiased():
+    from plot import smooth
+    assert smooth([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])
+    assert smooth([1.0, 3.0], 0.0) == [1.0, 3.0]
+
+
+def test_plot_of_a_folder_without_metrics_is_an_error(tmp_path):
+    result = run_script("plot.py", str(tmp_path), cwd=str(tmp_path))
+    assert result.returncode != 0 and "metrics.csv not found" in result.stderr
+
+
+def wandb_history(run_dir):
+    """(run id, [history steps]) from an offline run's .wandb file: wandb's record log (32 KiB blocks of
+    CRC, length, type headers) of protobuf Records, read with wandb's own message classes."""
+    from wandb.proto import wandb_internal_pb2
+    (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+    data, pos, chunks, records = open(path, "rb").read(), 7, b"", []
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):
+            pos += left
+            continue
+        chunks += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            records.append(chunks)
+            chunks = b""
+    run_id, steps = None, []
+    for raw in records:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run_id = record.run.run_id
+        elif kind == "history":
+            steps.append(record.history.step.num)
+    return run_id, steps
+
+
+def test_wandb_resume_continues_one_run_with_monotonic_steps(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    env = {"WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    first = run_script("train.py", *tiny_args(char_data, out, max_iters=10, eval_interval=5, wandb_log=True,
+                                              sample_interval=1, sample_tokens=10), cwd=str(tmp_path), env=env)
+    assert first.returncode == 0, first.stderr
+    second = run_script("train.py", *tiny_args(char_data, out, max_iters=20, eval_interval=5, wandb_log=True,
+                                               init_from="resume"), cwd=str(tmp_path), env=env)
+    assert second.returncode == 0, second.stderr
+    runs = sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*")))
+    assert len(runs) == 2
+    (id_a, steps_a), (id_b, steps_b) = wandb_history(runs[0]), wandb_history(runs[1])
+    assert id_a == id_b  # one wandb run, continued
+    steps = steps_a + steps_b
+    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 20
+
+
+def test_json_log_format_is_one_object_per_line(char_data, tmp_path):
+    result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "out"), max_iters=6, eval_interval=3,
+                                               log_format="json"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    objects = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    progress = [o for o in objects if "loss" in o]
+    assert [o["iter"] for o in progress] == [1, 2, 3, 4, 5, 6]
+    assert {"tokens_per_sec", "eta_s", "elapsed_s", "lr", "mfu"} <= set(progress[0])
+    assert [o["iter"] for o in objects if "val_loss" in o] == [0, 3, 6]
+    assert objects[-1]["summary"]["iters"] == 6
+
+
+def test_text_progress_line_and_quiet_mode(char_data, tmp_path):
+    text = run_script("train.py", *tiny_args(char_data, str(tmp_path / "a"), max_iters=4, eval_interval=4), cwd=str(tmp_path))
+    line = next(l for l in text.stdout.splitlines() if l.startswith("iter 2/4"))
+    assert "(50.0%)" in line and "tok/s" in line and "elapsed, ETA 0:00:" in line
+    quiet = run_script("train.py", *tiny_args(char_data, str(tmp_path / "b"), max_iters=4, eval_interval=4,
+                                              log_format="quiet"), cwd=str(tmp_path))
+    assert quiet.returncode == 0 and not any(l.startswith("iter ") for l in quiet.stdout.splitlines())
+    assert "step 4: train loss" in quiet.stdout
+
+
+def test_samples_during_training_go_to_stdout_and_a_file(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=20, eval_interval=5, sample_interval=2,
+                                               sample_prompt="ROMEO:", sample_tokens=30), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(out, "samples.txt")) as f:
+        text = f.read()
+    assert text.count("---- iter ") == 2 and "---- iter 5 ----\nROMEO:" in text and "---- iter 15 ----" in text
+    assert "---- sample at iter 5 ----" in result.stdout
+
+
+def test_run_info_and_summary_files(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=8, eval_interval=4), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(out, "run.json")) as f:
+        info = json.load(f)
+    assert info["config"]["max_iters"] == 8 and "--max_iters=8" in info["command"]
+    assert info["torch"] and info["parameters"] > 0 and info["tokens_per_iter"] == 2 * 8 * 32
+    assert info["git_commit"] is None or len(info["git_commit"]) == 40
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    val = [float(r["val_loss"]) for r in read_metrics(out) if r["val_loss"]]
+    assert summary["iters"] == 8 and summary["tokens"] == 8 * 2 * 8 * 32
+    assert summary["final_val_loss"] == pytest.approx(val[-1]) and summary["best_val_loss"] == pytest.approx(min(val[1:]))
+    assert summary["mean_tokens_per_sec"] > 0 and summary["checkpoint"].endswith("ckpt.pt")
+    assert "done: 8 iters" in result.stdout
+
+
+def test_help_shows_every_key_that_the_gpt2_config_sets(tmp_path):
+    import ast
+    result = run_script("train.py", "--help", cwd=str(tmp_path))
+    assert result.returncode == 0
+    with open(os.path.join(ROOT, "config", "train_gpt2.py")) as f:
+        tree = ast.parse(f.read())
+    set_keys = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets]
+    assert len(set_keys) >= 10 and all(f"--{k}=" in result.stdout for k in set_keys)
+    assert "--learning_rate=0.0006" in result.stdout and "peak learning rate" in result.stdout
