@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -192,15 +191,14 @@ if __name__ == "__main__":
         sys.exit(0)
     if mode != "train":
         raise configurator.UserError(f"mode '{mode}' is not train, get_batch or prepare")
-    from train import check_device, get_batch, load_dataset, resolve_dtype
+    from train import autocast_context, check_device, get_batch, load_dataset, resolve_dtype
 
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
     torch.manual_seed(seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+    ctx = autocast_context(device_type, dtype)
 
     if real_data:
         data = load_dataset(dataset, block_size)

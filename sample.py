@@ -9,7 +9,6 @@ Text is decoded with the dataset's characters when it is a character dataset, el
 """
 import os
 import sys
-from contextlib import nullcontext
 
 import torch
 
@@ -48,13 +47,12 @@ if __name__ == "__main__":
     sys.excepthook = configurator.excepthook
     config = configurator.configure(configurator.config_keys(globals()), sys.argv[1:], __file__)
     globals().update(config)
-    from train import check_device, resolve_dtype
+    from train import autocast_context, check_device, resolve_dtype
 
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
     torch.manual_seed(seed)
-    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+    ctx = autocast_context(device_type, dtype)
 
     model, train_config = load_model(init_from, os.path.join(out_dir, checkpoint))
     model.eval().to(device)

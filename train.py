@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 
@@ -111,6 +112,23 @@ def resolve_dtype(dtype: str, device_type: str) -> str:
     if dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UserError("this GPU has no bfloat16: use --dtype=float16 (or --dtype=auto)")
     return dtype
+
+
+def autocast_context(device_type: str, dtype: str):
+    """The mixed-precision context for forward passes: none for float32, else torch.autocast to dtype."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device_type=device_type, dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
+
+
+def check_writable(out_dir: str):
+    """Create out_dir if needed and make sure files can be written there, without touching any existing file."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another out_dir") from None
 
 
 def check_device(device: str) -> str:
@@ -493,11 +511,7 @@ if __name__ == "__main__":
     if log_format not in ("text", "json", "quiet"):
         raise UserError(f"log_format '{log_format}' is not text, json or quiet")
     if master_process:
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-            configurator.save(config, os.path.join(out_dir, "config.json"))
-        except OSError as e:
-            raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another out_dir") from None
+        check_writable(out_dir)
         print(f"world size {world_size}, device {device}, dtype {dtype}; "
               f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps "
               f"x {batch_size} sequences x {block_size} tokens)")
@@ -505,8 +519,7 @@ if __name__ == "__main__":
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+    ctx = autocast_context(device_type, dtype)
 
     # ---- data
     data = load_dataset(dataset, block_size)
@@ -545,16 +558,12 @@ if __name__ == "__main__":
             set_rng_state(checkpoint["rng_states"][rank], device_type)
         else:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
-        if master_process:
-            truncate_metrics(os.path.join(out_dir, "metrics.csv"), iter_num)
     elif init_from.startswith("gpt2"):
         model = GPT.from_pretrained(init_from, dict(dropout=dropout))
         for k in SHAPE_KEYS:
             model_args[k] = getattr(model.config, k)
     else:
         raise UserError(f"init_from '{init_from}' is not scratch, resume or a gpt2 variant")
-    if init_from != "resume" and not eval_only and master_process:
-        truncate_metrics(os.path.join(out_dir, "metrics.csv"), -1)  # a new run starts a new log
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context
         model_args["block_size"] = block_size
@@ -562,14 +571,9 @@ if __name__ == "__main__":
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     model.to(device)
-    if master_process:
-        print(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {max_iters:,} steps of {tokens_per_iter:,} tokens "
-              f"({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens planned; "
-              f"starting at iteration {iter_num}; world size {world_size}, {device}, {dtype}, compile {compile}")
-        info = run_info(config, sys.argv)
-        info.update(world_size=world_size, device=device, dtype=dtype, parameters=model.get_num_params(),
-                    tokens_per_iter=tokens_per_iter, start_iter=iter_num)
-        write_json(os.path.join(out_dir, "run.json"), info)
+    print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {max_iters:,} steps of {tokens_per_iter:,} tokens "
+           f"({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens planned; "
+           f"starting at iteration {iter_num}; world size {world_size}, {device}, {dtype}, compile {compile}")
 
     # ---- optimizer
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))  # fp16 needs loss scaling, bf16 not
@@ -636,8 +640,16 @@ if __name__ == "__main__":
             publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
             print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
 
-    # ---- training loop
+    # ---- training loop; the run's files are written only now that every input has been checked
     metrics_path = os.path.join(out_dir, "metrics.csv")
+    if master_process:
+        configurator.save(config, os.path.join(out_dir, "config.json"))
+        info = run_info(config, sys.argv)
+        info.update(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
+                    tokens_per_iter=tokens_per_iter, start_iter=iter_num)
+        write_json(os.path.join(out_dir, "run.json"), info)
+        if not eval_only:  # a resumed run drops rows logged after its checkpoint; a new run starts a new log
+            truncate_metrics(metrics_path, iter_num if init_from == "resume" else -1)
     peak = peak_flops(device)
     stop = StopFlag()
     nonfinite_in_a_row, skipped_steps, evals_done, last_losses, codec, samples = 0, 0, 0, None, None, []

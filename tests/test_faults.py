@@ -224,13 +224,19 @@ def test_two_nodes_on_loopback_match_one_node(char_data, tmp_path):
 
 # ---- bad input: one line, non-zero exit, nothing already written is touched
 
+def digests(folder):
+    return {name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest() for name in os.listdir(folder)}
+
+
 @pytest.fixture()
 def trained(char_data, tmp_path):
+    """A finished run whose files (checkpoints, metrics, config, run and summary) must all stay as they are."""
     out = str(tmp_path / "out")
     assert run_script("train.py", *args_for(char_data, out, max_iters=4), cwd=str(tmp_path)).returncode == 0
-    digest = hashlib.sha256(open(os.path.join(out, "ckpt.pt"), "rb").read()).hexdigest()
+    before = digests(out)
+    assert {"ckpt.pt", "best.pt", "metrics.csv", "config.json", "run.json", "summary.json"} <= set(before)
     yield out
-    assert hashlib.sha256(open(os.path.join(out, "ckpt.pt"), "rb").read()).hexdigest() == digest
+    assert digests(out) == before
 
 
 def one_line_error(result):
