@@ -36,7 +36,7 @@ def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     """The model to sample from, and the training config it was saved with (None for GPT-2 weights)."""
     if init_from != "resume":
         return GPT.from_pretrained(init_from, dict(dropout=0.0)), None
-    from train import load_checkpoint, load_model_state
+    from checkpoint import load_checkpoint, load_model_state
     saved = load_checkpoint(ckpt_path)
     model = GPT(GPTConfig(**saved["model_args"]))
     load_model_state(model, saved["model"], ckpt_path)

@@ -137,7 +137,7 @@ def test_ranks_draw_different_parts_of_one_global_batch(tmp_path):
 
 
 def test_save_checkpoint_replaces_whole_files_and_keeps_the_old_one_on_failure(tmp_path):
-    from train import save_checkpoint
+    from checkpoint import save_checkpoint
     path = str(tmp_path / "ckpt.pt")
     save_checkpoint({"iter_num": 1}, path)
     save_checkpoint({"iter_num": 2}, path)

@@ -1,0 +1,120 @@
+"""
+Checkpoints that survive crashes and resume exactly: atomic writes, strict loading, best and step copies,
+and the RNG states of every rank.
+"""
+import os
+import random
+import shutil
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from configurator import UserError
+
+
+def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
+    """Every rank's RNG states, in rank order: torch's drive dropout; numpy's and Python's are kept for code
+    that a fork adds (the batch sampler has its own generator). A collective: all ranks call it."""
+    np_state = np.random.get_state()
+    state = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None,
+             "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+             "python": random.getstate()}
+    if world_size == 1:
+        return [state]
+    states = [None] * world_size
+    dist.all_gather_object(states, state)
+    return states
+
+
+def set_rng_state(state: dict, device_type: str):
+    """Restore one rank's RNG states from gather_rng_states."""
+    torch.set_rng_state(state["cpu"])
+    if device_type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    random.setstate(state["python"])
+
+
+def save_checkpoint(checkpoint: dict, path: str):
+    """Write to a temporary file beside path, flush it to disk, then rename it over path: a crash at any
+    moment leaves either the old file or the new one, whole. A failed write (disk full) keeps the old one."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise UserError(f"could not write checkpoint {path} ({e.strerror or e}): the previous checkpoint is "
+                        "unchanged; free disk space or choose another out_dir") from e
+    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(directory)  # make the rename itself durable
+    finally:
+        os.close(directory)
+
+
+CHECKPOINT_KEYS = {"model", "optimizer", "scaler", "model_args", "iter_num", "tokens", "best_val_loss", "best_iter",
+                   "config", "rng_states", "wandb_run_id", "evaluated"}
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+
+
+def load_checkpoint(path: str) -> dict:
+    """A checkpoint written by save_checkpoint, read without running code from it and onto the CPU (so
+    resuming does not spike GPU memory); a UserError when it is missing, unreadable or of another format."""
+    if not os.path.isfile(path):
+        raise UserError(f"no checkpoint at {path}: check out_dir (init_from='resume' continues a run saved there)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several kinds for a torn or foreign file
+        raise UserError(f"checkpoint {path} cannot be read ({e.__class__.__name__}): it is damaged or not a "
+                        "checkpoint of this trainer") from e
+    missing = sorted(CHECKPOINT_KEYS - set(checkpoint)) if isinstance(checkpoint, dict) else ["everything"]
+    if missing:
+        raise UserError(f"checkpoint {path} lacks {missing}: it is from an older version or another trainer")
+    return checkpoint
+
+
+def check_resume_shape(checkpoint_args: dict, config: dict, defaults: dict):
+    """Model-shape settings that the user changed from the defaults must agree with the checkpoint's."""
+    clashes = [f"{k}={config[k]!r} (checkpoint: {checkpoint_args[k]!r})" for k in SHAPE_KEYS
+               if k in config and config[k] != defaults[k] and config[k] != checkpoint_args[k]]
+    if clashes:
+        raise UserError(f"resuming a checkpoint of another model shape: {', '.join(clashes)}; drop those settings "
+                        "or use a new out_dir")
+
+
+def load_model_state(model: torch.nn.Module, state: dict, path: str):
+    """load_state_dict, with a UserError naming the keys that are missing, unexpected or of another shape."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    reshaped = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or reshaped:
+        raise UserError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected "
+                        f"{unexpected[:5]}, other shape {reshaped[:5]}")
+    model.load_state_dict(state)
+
+
+def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n: int):
+    """After ckpt.pt is written: link it as best.pt when val loss improved, and as ckpt_<iter>.pt when
+    keeping the last n; older step checkpoints are deleted only once the new one is in place."""
+    latest = os.path.join(out_dir, "ckpt.pt")
+    names = (["best.pt"] if improved else []) + ([f"ckpt_{iter_num:07d}.pt"] if keep_last_n > 0 else [])
+    for name in names:
+        tmp = os.path.join(out_dir, name + ".tmp")
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        try:
+            os.link(latest, tmp)  # a second name for the same bytes: no copy, and ckpt.pt's next rename leaves it
+        except OSError:
+            shutil.copyfile(latest, tmp)
+        os.replace(tmp, os.path.join(out_dir, name))
+    if keep_last_n > 0:
+        steps = sorted(f for f in os.listdir(out_dir) if f.startswith("ckpt_") and f.endswith(".pt"))
+        for old in steps[:-keep_last_n]:
+            os.remove(os.path.join(out_dir, old))
