@@ -387,6 +387,12 @@ if __name__ == "__main__":
     sys.excepthook = configurator.excepthook
     defaults = configurator.config_keys(globals())
     config = configurator.configure(defaults, sys.argv[1:], __file__)
+    checkpoint = None
+    if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
+        ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
+        checkpoint = load_checkpoint(ckpt_path)
+        check_resume_shape(checkpoint["model_args"], config, defaults)
+        config.update({k: checkpoint["model_args"][k] for k in SHAPE_KEYS if k in config})
     globals().update(config)
 
     # ---- distributed setup
@@ -432,17 +438,13 @@ if __name__ == "__main__":
         return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, key, device)
 
     # ---- model init
-    iter_num, tokens_seen, best_val_loss, best_iter, checkpoint = 0, 0, float("inf"), None, None
+    iter_num, tokens_seen, best_val_loss, best_iter = 0, 0, float("inf"), None
     model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                       vocab_size=data["vocab_size"] or 50304, dropout=dropout)  # 50304: GPT-2's 50257 padded for speed
     if init_from == "scratch":
         model = GPT(GPTConfig(**model_args))
     elif init_from == "resume":
-        ckpt_path = os.path.join(out_dir, "ckpt.pt")
-        checkpoint = load_checkpoint(ckpt_path)
-        check_resume_shape(checkpoint["model_args"], config, defaults)
-        for k in SHAPE_KEYS:
-            model_args[k] = checkpoint["model_args"][k]  # the shape comes from the checkpoint
+        model_args["vocab_size"] = checkpoint["model_args"]["vocab_size"]  # the rest of its shape is in config now
         model = GPT(GPTConfig(**model_args))
         load_model_state(model, checkpoint["model"], ckpt_path)
         iter_num, tokens_seen = checkpoint["iter_num"], checkpoint["tokens"]

@@ -299,3 +299,13 @@ def test_compile_unavailable_falls_back_with_a_warning(char_data, tmp_path):
                         env={"PATH": str(empty), "CXX": ""})
     assert result.returncode == 0, result.stderr
     assert "warning: compile=True but no C++ compiler" in result.stderr
+
+
+def test_resume_takes_the_shape_from_the_checkpoint_when_not_given(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_script("train.py", *args_for(char_data, out, max_iters=4), cwd=str(tmp_path)).returncode == 0
+    # only dataset, device and length given: n_layer, n_embd, block_size ... come from the checkpoint
+    result = run_script("train.py", f"--dataset={char_data}", f"--out_dir={out}", "--device=cpu", "--compile=False",
+                        "--init_from=resume", "--max_iters=6", "--eval_iters=2", "--batch_size=4", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "starting at iteration 4" in result.stdout and "x 32 tokens" in result.stdout  # block_size 32, not 1024
