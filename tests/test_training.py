@@ -190,3 +190,13 @@ def test_evaluation_windows_do_not_depend_on_the_seed(char_data, tmp_path):
         assert result.returncode == 0, result.stderr
         lines.append([line for line in result.stdout.splitlines() if line.startswith("step 10:")])
     assert lines[0] == lines[1] and len(lines[0]) == 1
+
+
+def test_compiled_training_saves_plain_parameter_names(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, n_layer=1, max_iters=4, eval_interval=4, eval_iters=2,
+                                               compile=True), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "compiling the model" in result.stdout
+    state = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)["model"]
+    assert "transformer.wte.weight" in state and not any(k.startswith(("_orig_mod.", "module.")) for k in state)
