@@ -24,12 +24,13 @@ def prepare(text: str, out_dir: str, rank_file: str | None = None) -> dict:
     enc = gpt2_encoding(rank_file)
     n = int(len(text) * 0.9)
     os.makedirs(out_dir, exist_ok=True)
-    splits = {}
+    splits, max_id = {}, 0
     for split, part in (("train", text[:n]), ("val", text[n:])):
+        ids = np.array(enc.encode_ordinary(part), dtype=np.uint16)
         writer = TokenWriter(out_dir, split, np.uint16)
-        writer.write(np.array(enc.encode_ordinary(part), dtype=np.uint16))
+        writer.write(ids)
         splits[split] = writer.finish()
-    max_id = max(int(np.fromfile(os.path.join(out_dir, s["files"][0]), dtype=np.uint16).max()) for s in splits.values())
+        max_id = max(max_id, int(ids.max()))
     meta = {"tokenizer": "gpt2", "vocab_size": EOT + 1, "dtype": "uint16", "eot_token": EOT, "max_token_id": max_id,
             "splits": splits, "source": "tiny shakespeare"}
     write_meta(out_dir, meta)
