@@ -11,7 +11,6 @@ typo that silently creates a new setting costs a whole run.
 import ast
 import difflib
 import io
-import json
 import os
 import sys
 import tokenize
@@ -118,10 +117,3 @@ def describe(path: str, config: dict) -> str:
               and i + 1 < len(tokens) and tokens[i + 1].string == "="):
             lines.append(f"  --{tok.string}={config[tok.string]!r}".ljust(40) + (f"  {text}" if text else ""))
     return "\n".join(lines)
-
-
-def save(config: dict, path: str):
-    """Write the resolved config as JSON, so a run's settings stay beside its checkpoints."""
-    with open(path, "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-        f.write("\n")

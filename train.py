@@ -538,7 +538,7 @@ if __name__ == "__main__":
     # ---- training loop; the run's files are written only now that every input has been checked
     metrics_path = os.path.join(out_dir, "metrics.csv")
     if master_process:
-        configurator.save(config, os.path.join(out_dir, "config.json"))
+        write_json(os.path.join(out_dir, "config.json"), dict(sorted(config.items())))
         info = run_info(config, sys.argv)
         info.update(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
                     tokens_per_iter=tokens_per_iter, start_iter=iter_num)

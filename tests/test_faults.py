@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_script
+from test_training import read_metrics, step_losses
 
 FAULT_ARGS = dict(device="cpu", compile=False, n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8,
                   gradient_accumulation_steps=2, dropout=0.1, eval_iters=2, eval_interval=4, log_interval=1,
@@ -24,8 +25,7 @@ def args_for(data_dir, out_dir, **overrides):
 
 
 def losses(out_dir):
-    with open(os.path.join(out_dir, "metrics.csv")) as f:
-        return {int(r["iter"]): float(r["loss"]) for r in csv.DictReader(f) if r["loss"]}
+    return step_losses(read_metrics(out_dir))
 
 
 def weights(out_dir):
