@@ -236,6 +236,8 @@ if __name__ == "__main__":
     for i in range(warmup_steps):
         step(i)
     synchronize(device_type)
+    if device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
     if profile:
         from torch.profiler import ProfilerActivity, profile as torch_profile, tensorboard_trace_handler
@@ -255,4 +257,7 @@ if __name__ == "__main__":
         tokens_per_step = batch_size * block_size
         mfu = model.estimate_mfu(tokens_per_step, dt, peak_flops(device))
         mfu_text = f", MFU {mfu * 100:.1f}%" if mfu is not None else " (MFU: peak FLOP/s unknown for this device)"
-        print(f"{dt * 1000:.2f} ms/iter, {tokens_per_step / dt:,.0f} tokens/s{mfu_text}; final loss {loss.item():.4f}")
+        memory_text = (f", peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+                       if device_type == "cuda" else "")
+        print(f"{dt * 1000:.2f} ms/iter, {tokens_per_step / dt:,.0f} tokens/s{mfu_text}{memory_text}; "
+              f"final loss {loss.item():.4f}")
