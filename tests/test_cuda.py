@@ -1,13 +1,12 @@
 """The CUDA paths: bf16 autocast, torch.compile with triton, fused AdamW, pinned batches, fp16 loss
 scaling, checkpoints on a GPU, nccl. Skipped without a GPU; the GPU suite (scripts/gpu_suite.py) runs them."""
-import csv
 import os
 import random
 
 import pytest
 import torch
 
-from conftest import load_module, run_script
+from conftest import load_module, read_metrics, run_script, step_losses
 from model import GPT, GPTConfig, peak_flops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -31,11 +30,6 @@ def gpu_args(data_dir, out_dir, **overrides):
                     learning_rate=3e-3, min_lr=3e-4, dropout=0.1, wandb_log=False)
     settings.update(overrides)
     return [f"--{k}={v}" for k, v in settings.items()]
-
-
-def step_losses(out_dir):
-    with open(os.path.join(out_dir, "metrics.csv")) as f:
-        return {int(r["iter"]): float(r["loss"]) for r in csv.DictReader(f) if r["loss"]}
 
 
 def test_peak_flops_are_known_for_this_gpu():
@@ -79,7 +73,7 @@ def test_resume_on_the_gpu_continues_an_unbroken_run(gpu_data, tmp_path):
     assert run_script("train.py", *gpu_args(gpu_data, broken, max_iters=10), cwd=str(tmp_path)).returncode == 0
     resumed = run_script("train.py", *gpu_args(gpu_data, broken, init_from="resume"), cwd=str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr
-    expected, got = step_losses(straight), step_losses(broken)
+    expected, got = step_losses(read_metrics(straight)), step_losses(read_metrics(broken))
     assert [got[i] for i in range(11, 21)] == [expected[i] for i in range(11, 21)]
 
 
@@ -89,7 +83,7 @@ def test_compiled_bf16_training_run_on_the_gpu(gpu_data, tmp_path):
                         cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "compiling the model" in result.stdout and "warning" not in result.stderr
-    losses = step_losses(out)
+    losses = step_losses(read_metrics(out))
     first, last = [losses[i] for i in range(1, 6)], [losses[i] for i in range(36, 41)]
     assert sum(last) / 5 < sum(first) / 5 - 0.25  # one H100 run: 3.38 at step 1, 2.98 at step 40
     state = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)["model"]
@@ -100,7 +94,7 @@ def test_fp16_on_the_gpu_trains_through_the_grad_scaler(gpu_data, tmp_path):
     out = str(tmp_path / "out")
     result = run_script("train.py", *gpu_args(gpu_data, out, dtype="float16"), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    losses = step_losses(out)
+    losses = step_losses(read_metrics(out))
     assert losses[20] < losses[1]
     scaler = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)["scaler"]
     assert scaler["scale"] > 1.0  # a live GradScaler, checkpointed
@@ -113,6 +107,6 @@ def test_two_gpu_ddp_over_nccl_matches_one_gpu(gpu_data, tmp_path):
     assert run_script("train.py", *gpu_args(gpu_data, one, **args), cwd=str(tmp_path)).returncode == 0
     result = run_script("train.py", *gpu_args(gpu_data, two, **args), cwd=str(tmp_path), torchrun_procs=2)
     assert result.returncode == 0, result.stderr
-    a, b = step_losses(one), step_losses(two)
+    a, b = step_losses(read_metrics(one)), step_losses(read_metrics(two))
     for i in a:
         assert b[i] == pytest.approx(a[i], abs=1e-3), i

@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, run_script
-from test_training import read_metrics, step_losses
+from conftest import ROOT, read_metrics, run_script, step_losses
 
 FAULT_ARGS = dict(device="cpu", compile=False, n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8,
                   gradient_accumulation_steps=2, dropout=0.1, eval_iters=2, eval_interval=4, log_interval=1,
@@ -180,10 +179,10 @@ def torchrun(nproc, *args, nnodes=1, node_rank=0, port=None):
 
 
 def worker_pids(launcher_pid):
-    """The train.py processes that a torchrun started."""
-    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout.splitlines()[1:]
-    children = [line.split(None, 2) for line in out]
-    return sorted(int(pid) for pid, ppid, cmd in children if int(ppid) == launcher_pid and "train.py" in cmd)
+    """The train.py processes that a torchrun started, from the process table (no terminal width involved)."""
+    import psutil
+    return sorted(p.pid for p in psutil.Process(launcher_pid).children()
+                  if any(arg.endswith("train.py") for arg in p.cmdline()))
 
 
 def test_sigterm_to_one_ddp_rank_saves_and_stops_both(char_data, tmp_path):

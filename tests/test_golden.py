@@ -8,8 +8,7 @@ import random
 
 import torch
 
-from conftest import ROOT, load_module, run_script
-from test_training import read_metrics, step_losses
+from conftest import ROOT, load_module, read_metrics, run_script, step_losses
 
 GOLDEN = os.path.join(ROOT, "tests", "golden", "tiny_char_run.json")
 SETTINGS = dict(device="cpu", compile=False, dtype="float32", n_layer=2, n_head=2, n_embd=32, block_size=32,

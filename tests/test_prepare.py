@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import data.prepare as prepare  # the repository root is on sys.path (conftest.py)
-from conftest import GPT2_RANKS
+from conftest import gpt2_rank_file, run_script
 from tokenizer import gpt2_encoding
 
 
@@ -24,7 +24,7 @@ def read_split(out_dir, split, meta):
 
 
 def run_prepare(files, out_dir, **kwargs):
-    kwargs = {"workers": 2, "rank_file": GPT2_RANKS, "progress": False, **kwargs}
+    kwargs = {"workers": 2, "rank_file": gpt2_rank_file(), "progress": False, **kwargs}
     docs = prepare.iter_documents(prepare.list_files(files), kwargs.pop("text_field", "text"))
     return prepare.prepare_corpus(docs, str(out_dir), **kwargs)
 
@@ -33,7 +33,7 @@ def test_gpt2_corpus_round_trips_with_documents_separated(tmp_path):
     docs = make_corpus(tmp_path / "corpus")
     meta = run_prepare([str(tmp_path / "corpus")], tmp_path / "out", val_fraction=0.2)
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 50257 and meta["tokenizer"] == "gpt2"
-    enc = gpt2_encoding(GPT2_RANKS)
+    enc = gpt2_encoding(gpt2_rank_file())
     texts = []
     for split in ("train", "val"):
         ids = read_split(tmp_path / "out", split, meta)
@@ -51,7 +51,7 @@ def test_document_split_does_not_depend_on_order_or_workers(tmp_path):
     a = run_prepare([str(tmp_path / "corpus")], tmp_path / "a", val_fraction=0.3, workers=1)
     files = sorted(str(p) for p in (tmp_path / "corpus").iterdir())[::-1]  # reversed file order
     b = run_prepare(files, tmp_path / "b", val_fraction=0.3, workers=2)
-    enc = gpt2_encoding(GPT2_RANKS)
+    enc = gpt2_encoding(gpt2_rank_file())
     val_a = set(enc.decode(read_split(tmp_path / "a", "val", a).tolist()).split("<|endoftext|>"))
     val_b = set(enc.decode(read_split(tmp_path / "b", "val", b).tolist()).split("<|endoftext|>"))
     assert val_a == val_b and len(val_a) > 2
@@ -111,7 +111,6 @@ def test_inputs_that_match_nothing_are_an_error(tmp_path):
 
 
 def test_prepared_corpus_trains(tmp_path):
-    from conftest import run_script
     make_corpus(tmp_path / "corpus", n_docs=60)
     result = run_script("data/prepare.py", "--input", str(tmp_path / "corpus"), "--out_dir", str(tmp_path / "data"),
                         "--tokenizer", "char", "--val_fraction", "0.2", "--shard_tokens", "2000", cwd=str(tmp_path))

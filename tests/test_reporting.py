@@ -6,8 +6,7 @@ import struct
 
 import pytest
 
-from conftest import ROOT, run_script
-from test_training import read_metrics, tiny_args
+from conftest import ROOT, read_metrics, run_script, tiny_args
 
 
 def test_plot_renders_two_runs(char_data, tmp_path):

@@ -8,25 +8,7 @@ import os
 import pytest
 import torch
 
-from conftest import run_script
-
-
-def tiny_args(data_dir, out_dir, **overrides):
-    settings = dict(dataset=data_dir, out_dir=out_dir, device="cpu", compile=False, n_layer=2, n_head=2, n_embd=32,
-                    block_size=32, batch_size=8, gradient_accumulation_steps=2, eval_iters=4, eval_interval=20,
-                    log_interval=1, max_iters=40, warmup_iters=5, lr_decay_iters=60, learning_rate=3e-3,
-                    min_lr=3e-4, dropout=0.0, wandb_log=False)
-    settings.update(overrides)
-    return [f"--{k}={v}" for k, v in settings.items()]
-
-
-def read_metrics(out_dir):
-    with open(os.path.join(out_dir, "metrics.csv")) as f:
-        return list(csv.DictReader(f))
-
-
-def step_losses(rows):
-    return {int(r["iter"]): float(r["loss"]) for r in rows if r["loss"]}
+from conftest import char_vocab_size, read_metrics, run_script, step_losses, tiny_args
 
 
 def test_short_run_lowers_loss_and_writes_checkpoint_metrics_and_config(char_data, tmp_path):
@@ -38,7 +20,8 @@ def test_short_run_lowers_loss_and_writes_checkpoint_metrics_and_config(char_dat
                              "tokens_per_sec", "mfu"]
     val = [float(r["val_loss"]) for r in rows if r["val_loss"]]
     assert len(val) == 3  # iterations 0, 20 and 40: the last step is always evaluated
-    assert val[0] == pytest.approx(math.log(65), abs=0.3) and val[-1] < val[0] - 0.5
+    vocab_size = char_vocab_size(char_data)  # 65 for tiny Shakespeare
+    assert val[0] == pytest.approx(math.log(vocab_size), abs=0.3) and val[-1] < val[0] - 0.5
     losses = step_losses(rows)
     assert sorted(losses) == list(range(1, 41))  # exactly max_iters optimizer steps
     assert int(rows[-1]["tokens"]) == 40 * 2 * 8 * 32
@@ -46,7 +29,7 @@ def test_short_run_lowers_loss_and_writes_checkpoint_metrics_and_config(char_dat
     checkpoint = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
     assert checkpoint["iter_num"] == 40 and checkpoint["best_val_loss"] == pytest.approx(min(val), rel=1e-6)
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in checkpoint["model"])
-    assert checkpoint["model_args"]["vocab_size"] == 65  # from meta.pkl
+    assert checkpoint["model_args"]["vocab_size"] == vocab_size  # from the dataset's meta
     with open(os.path.join(out, "config.json")) as f:
         assert json.load(f)["max_iters"] == 40
     assert "error" not in result.stderr
