@@ -54,6 +54,7 @@ gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without ne
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
 compile = True  # torch.compile the model
+config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 
 def synchronize(device_type: str):
@@ -181,7 +182,7 @@ def bench_prepare(text_path: str, sizes_mb: list[int], rank_file: str):
 
 if __name__ == "__main__":
     sys.excepthook = configurator.excepthook
-    config = configurator.configure(configurator.config_keys(globals()), sys.argv[1:], __file__)
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
     if mode == "get_batch":
         bench_get_batch(batch_size, block_size, token_file_tokens)

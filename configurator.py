@@ -107,13 +107,17 @@ def describe(path: str, config: dict) -> str:
     with open(path) as f:
         tokens = list(tokenize.generate_tokens(io.StringIO(f.read()).readline))
     comments = {tok.start[0]: tok.string.lstrip("#").strip() for tok in tokens if tok.type == tokenize.COMMENT}
-    lines = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]"]
+    sections = [("", [])]  # (heading, setting lines); a heading with no settings under it is not printed
     for i, tok in enumerate(tokens):
         row, col = tok.start
         text = comments.get(row, "")
-        if tok.type == tokenize.COMMENT and col == 0 and text.startswith("----"):
-            lines.append(f"\n{text.strip('- ')}:")
+        if tok.type == tokenize.COMMENT and col == 0 and text.startswith("----") and text.strip("- "):
+            sections.append((text.strip("- "), []))
         elif (tok.type == tokenize.NAME and col == 0 and tok.string in config
               and i + 1 < len(tokens) and tokens[i + 1].string == "="):
-            lines.append(f"  --{tok.string}={config[tok.string]!r}".ljust(40) + (f"  {text}" if text else ""))
+            sections[-1][1].append(f"  --{tok.string}={config[tok.string]!r}".ljust(40) + (f"  {text}" if text else ""))
+    lines = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]"]
+    for heading, settings in sections:
+        if settings:
+            lines += ([f"\n{heading}:"] if heading else []) + settings
     return "\n".join(lines)

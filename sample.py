@@ -30,6 +30,7 @@ seed = 1337  # same seed, same samples
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
 compile = False  # torch.compile the model: worth it only for long generations
+config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 
 def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
@@ -45,7 +46,7 @@ def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
 
 if __name__ == "__main__":
     sys.excepthook = configurator.excepthook
-    config = configurator.configure(configurator.config_keys(globals()), sys.argv[1:], __file__)
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
     from train import autocast_context, check_device, resolve_dtype
 

@@ -83,6 +83,7 @@ ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
 compile = True  # torch.compile the model: slower start, faster steps
+config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,13 +386,12 @@ def write_json(path: str, obj: dict):
 
 if __name__ == "__main__":
     sys.excepthook = configurator.excepthook
-    defaults = configurator.config_keys(globals())
-    config = configurator.configure(defaults, sys.argv[1:], __file__)
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     checkpoint = None
     if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
         ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
         checkpoint = load_checkpoint(ckpt_path)
-        check_resume_shape(checkpoint["model_args"], config, defaults)
+        check_resume_shape(checkpoint["model_args"], config, config_defaults)
         config.update({k: checkpoint["model_args"][k] for k in SHAPE_KEYS if k in config})
     globals().update(config)
 
@@ -683,4 +683,5 @@ if __name__ == "__main__":
     if wandb_log and master_process:
         wandb.finish()
     if ddp:
+        dist.barrier()  # leave together: a rank tearing down gloo while another still talks to it can abort
         dist.destroy_process_group()

@@ -3,6 +3,7 @@ import os
 import pytest
 
 from configurator import UserError, config_keys, configure, describe
+from conftest import run_script
 
 DEFAULTS = {"batch_size": 12, "learning_rate": 6e-4, "compile": True, "wandb_run_name": "gpt2", "out_dir": "out"}
 
@@ -79,3 +80,20 @@ def test_help_lists_each_key_with_default_and_comment():
     assert "AdamW optimizer:" in text  # the section banners group the keys
     missing = [k for k in config_keys(vars(train)) if f"--{k}=" not in text]
     assert missing == []
+
+
+def test_help_lists_exactly_the_config_block_with_no_empty_headings(tmp_path):
+    import train
+    result = run_script("train.py", "--help", cwd=str(tmp_path))
+    listed = [line.split("=", 1)[0].strip()[2:] for line in result.stdout.splitlines() if line.startswith("  --")]
+    assert listed == list(train.config_defaults)
+    assert "EVAL_STREAM" not in train.config_defaults and "config_defaults" not in listed
+    headings = [line for line in result.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert headings and all(len(h) > 1 for h in headings)
+
+
+def test_a_module_constant_is_not_a_setting(tmp_path):
+    result = run_script("train.py", "--EVAL_STREAM=7", cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["error: unknown config key 'EVAL_STREAM' in flag '--EVAL_STREAM=7'; "
+                                                  "see --help for the keys"]
