@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 import configurator
-from model import GPT, GPTConfig, peak_flops
+from common import UserError, excepthook, peak_flops
+from model import GPT, GPTConfig
 
 mode = "train"  # 'train' times training steps; 'get_batch' and 'prepare' time the data pipeline
 # ---- data
@@ -76,7 +77,7 @@ def get_batch_rows(path: str, dtype, batch_size: int, block_size: int, generator
 
 def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: int = 200):
     """Microseconds per batch of train.get_batch and of the row-by-row loop, on uint16 and uint32 files."""
-    from train import get_batch
+    from dataset import get_batch
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in (np.uint16, np.uint32):
             path = os.path.join(tmp, f"tokens_{np.dtype(dtype).name}.bin")
@@ -113,34 +114,20 @@ def make_corpus(text_path: str, out_dir: str, n_mb: int):
             f.write("\n\n".join(text))
 
 
-def tree_rss(pid: int) -> int:
-    """Resident memory in bytes of a process and all its descendants (Linux /proc)."""
-    children = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
-        except (OSError, IndexError, ValueError):
-            continue
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += children.get(p, [])
-        try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            pass
-    return total
-
-
 def run_measured(cmd: list[str]) -> tuple[float, int]:
     """Wall seconds and peak resident memory (summed over the process tree, sampled every 50 ms) of cmd."""
+    try:
+        import psutil
+    except ImportError:
+        raise UserError("--mode=prepare measures memory with psutil: pip install psutil") from None
     t0, peak = time.perf_counter(), 0
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    root = psutil.Process(proc.pid)
     while proc.poll() is None:
-        peak = max(peak, tree_rss(proc.pid))
+        try:
+            peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
+        except psutil.Error:  # a worker exited between listing and reading
+            pass
         time.sleep(0.05)
     if proc.returncode:
         raise RuntimeError(f"{cmd} failed: {proc.stderr.read()[-2000:]}")
@@ -181,7 +168,7 @@ def bench_prepare(text_path: str, sizes_mb: list[int], rank_file: str):
 
 
 if __name__ == "__main__":
-    sys.excepthook = configurator.excepthook
+    sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
     if mode == "get_batch":
@@ -191,8 +178,9 @@ if __name__ == "__main__":
         bench_prepare(corpus_text, sorted({max(1, corpus_mb // 3), corpus_mb}), gpt2_tiktoken)
         sys.exit(0)
     if mode != "train":
-        raise configurator.UserError(f"mode '{mode}' is not train, get_batch or prepare")
-    from train import autocast_context, check_device, get_batch, load_dataset, resolve_dtype
+        raise UserError(f"mode '{mode}' is not train, get_batch or prepare")
+    from common import autocast_context, check_device, resolve_dtype
+    from dataset import get_batch, load_dataset
 
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from configurator import UserError
+from common import UserError, atomic_write
 
 
 def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
@@ -40,23 +40,12 @@ def set_rng_state(state: dict, device_type: str):
 def save_checkpoint(checkpoint: dict, path: str):
     """Write to a temporary file beside path, flush it to disk, then rename it over path: a crash at any
     moment leaves either the old file or the new one, whole. A failed write (disk full) keeps the old one."""
-    tmp = f"{path}.tmp"
     try:
-        with open(tmp, "wb") as f:
+        with atomic_write(path, "wb") as f:
             torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise UserError(f"could not write checkpoint {path} ({e.strerror or e}): the previous checkpoint is "
-                        "unchanged; free disk space or choose another out_dir") from e
-    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(directory)  # make the rename itself durable
-    finally:
-        os.close(directory)
+    except (OSError, RuntimeError) as e:  # torch reports a failed write (a full disk) as a RuntimeError
+        raise UserError(f"could not write checkpoint {path} ({getattr(e, 'strerror', None) or e}): the previous "
+                        "checkpoint is unchanged; free disk space or choose another out_dir") from e
 
 
 CHECKPOINT_KEYS = {"model", "optimizer", "scaler", "model_args", "iter_num", "tokens", "best_val_loss", "best_iter",

@@ -14,21 +14,9 @@ import io
 import os
 import sys
 import tokenize
-import traceback
 import types
 
-
-class UserError(ValueError):
-    """Bad input from the user. Scripts print its message on one line and exit non-zero (see excepthook)."""
-
-
-def excepthook(exc_type, exc, tb):
-    """sys.excepthook for the scripts: a UserError is one line on stderr, with the traceback only when
-    NANOGPT_TRACEBACK=1; any other exception is a bug and keeps its traceback."""
-    if issubclass(exc_type, UserError) and os.environ.get("NANOGPT_TRACEBACK") != "1":
-        print(f"error: {exc}", file=sys.stderr)
-    else:
-        traceback.print_exception(exc_type, exc, tb)
+from common import UserError
 
 
 def config_keys(scope: dict) -> dict:

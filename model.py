@@ -88,23 +88,6 @@ class Block(nn.Module):
         return x
 
 
-# peak dense bf16/fp16 tensor-core throughput, FLOP/s, by a substring of torch.cuda.get_device_name()
-PEAK_FLOPS = [
-    ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
-    ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12),
-    ("A6000", 155e12), ("V100", 125e12), ("T4", 65e12),
-]
-
-
-def peak_flops(device: str | torch.device) -> float | None:
-    """Peak FLOP/s of a CUDA device from PEAK_FLOPS, or None where unknown (CPU, MPS, an unlisted GPU)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_FLOPS if key in name), None)
-
-
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()

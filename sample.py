@@ -13,7 +13,11 @@ import sys
 import torch
 
 import configurator
+from checkpoint import load_checkpoint, load_model_state
+from common import autocast_context, check_device, excepthook, resolve_dtype
+from dataset import find_dataset
 from model import GPT, GPTConfig
+from tokenizer import dataset_codec
 
 # ---- model
 init_from = "resume"  # 'resume' (a checkpoint in out_dir) or gpt2, gpt2-medium, gpt2-large, gpt2-xl
@@ -37,7 +41,6 @@ def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     """The model to sample from, and the training config it was saved with (None for GPT-2 weights)."""
     if init_from != "resume":
         return GPT.from_pretrained(init_from, dict(dropout=0.0)), None
-    from checkpoint import load_checkpoint, load_model_state
     saved = load_checkpoint(ckpt_path)
     model = GPT(GPTConfig(**saved["model_args"]))
     load_model_state(model, saved["model"], ckpt_path)
@@ -45,10 +48,9 @@ def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
 
 
 if __name__ == "__main__":
-    sys.excepthook = configurator.excepthook
+    sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
-    from train import autocast_context, check_device, resolve_dtype
 
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
@@ -59,8 +61,6 @@ if __name__ == "__main__":
     model.eval().to(device)
     if compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs
-    from tokenizer import dataset_codec
-    from train import find_dataset
     encode, decode = dataset_codec(find_dataset(train_config["dataset"]) if train_config else None)
 
     if start.startswith("FILE:"):

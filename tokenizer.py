@@ -6,10 +6,7 @@ download and cache; a copy cached here before; the whisper/assets/gpt2.tiktoken 
 openai-whisper source package on the Python package index (downloaded, never installed). Every rank
 file is checked against GPT-2's sha256, so each route gives the same ids.
 """
-import hashlib
-import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -18,7 +15,8 @@ import tempfile
 
 import tiktoken
 
-from configurator import UserError
+from common import UserError, atomic_write
+from dataset import read_meta, read_meta_pkl
 
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"
@@ -36,11 +34,11 @@ def encoding_from_ranks(path: str) -> tiktoken.Encoding:
     from tiktoken.load import load_tiktoken_bpe
     from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation regex
 
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    if digest != GPT2_SHA256:
-        raise ValueError(f"{path} is not GPT-2's rank file (sha256 {digest[:12]}..., want {GPT2_SHA256[:12]}...)")
-    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=load_tiktoken_bpe(path),
+    try:
+        ranks = load_tiktoken_bpe(path, expected_hash=GPT2_SHA256)  # tiktoken checks the sha256 itself
+    except ValueError:
+        raise ValueError(f"{path} is not GPT-2's rank file (its sha256 is not {GPT2_SHA256[:12]}...)") from None
+    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=EOT + 1)
 
 
@@ -58,9 +56,8 @@ def fetch_from_whisper_sdist(dest: str):
         with tarfile.open(download_sdist(WHISPER_SDIST, tmp)) as tar:
             member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with tar.extractfile(member) as src, open(dest + ".tmp", "wb") as out:
+            with tar.extractfile(member) as src, atomic_write(dest, "wb") as out:
                 shutil.copyfileobj(src, out)
-    os.replace(dest + ".tmp", dest)
 
 
 def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
@@ -91,14 +88,11 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
 def dataset_codec(data_dir: str | None):
     """(encode, decode) for a dataset folder: its characters when it is a character dataset (meta.json's
     chars, or nanoGPT's meta.pkl), else GPT-2's BPE. None stands for a GPT-2 model without a dataset."""
-    chars = None
-    if data_dir and os.path.exists(os.path.join(data_dir, "meta.json")):
-        with open(os.path.join(data_dir, "meta.json")) as f:
-            chars = json.load(f).get("chars")
-    elif data_dir and os.path.exists(os.path.join(data_dir, "meta.pkl")):
-        with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
-            itos = pickle.load(f)["itos"]
-        chars = "".join(itos[i] for i in range(len(itos)))
+    chars, meta = None, read_meta(data_dir) if data_dir else None
+    if meta is not None:
+        chars = meta.get("chars")
+    elif data_dir and (pkl := read_meta_pkl(data_dir)) is not None:
+        chars = "".join(pkl["itos"][i] for i in range(len(pkl["itos"])))
     if chars is not None:
         stoi = {c: i for i, c in enumerate(chars)}
 

@@ -11,13 +11,10 @@ Trains a GPT on one device, or on several with DDP. One CPU or GPU:
 
 The defaults below train GPT-2 124M on OpenWebText; `python train.py --help` lists them all.
 """
-import csv
 import datetime
-import importlib.util
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,15 +22,17 @@ import tempfile
 import time
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import configurator
+import metrics
 from checkpoint import (SHAPE_KEYS, check_resume_shape, gather_rng_states, load_checkpoint, load_model_state,
                         publish_checkpoint, save_checkpoint, set_rng_state)
-from configurator import UserError
-from model import GPT, GPTConfig, peak_flops
+from common import (UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops, resolve_dtype,
+                    write_json)
+from dataset import eval_key, get_batch, load_dataset, seed_from
+from model import GPT, GPTConfig
 
 # ---- I/O
 out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go
@@ -104,26 +103,6 @@ def setup_distributed(device: str, backend: str, timeout_s: float = 1800) -> tup
     return rank, local_rank, world_size, device
 
 
-def resolve_dtype(dtype: str, device_type: str) -> str:
-    """The dtype name to train in: 'auto' picks bf16 on GPUs that have it, fp16 on older GPUs, fp32 elsewhere."""
-    if dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise UserError(f"dtype '{dtype}' is not one of auto, float32, bfloat16, float16")
-    if dtype == "auto":
-        if device_type != "cuda":
-            return "float32"
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UserError("this GPU has no bfloat16: use --dtype=float16 (or --dtype=auto)")
-    return dtype
-
-
-def autocast_context(device_type: str, dtype: str):
-    """The mixed-precision context for forward passes: none for float32, else torch.autocast to dtype."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device_type, dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
-
-
 def check_writable(out_dir: str):
     """Create out_dir if needed and make sure files can be written there, without touching any existing file."""
     try:
@@ -132,29 +111,6 @@ def check_writable(out_dir: str):
             pass
     except OSError as e:
         raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another out_dir") from None
-
-
-def check_device(device: str) -> str:
-    """The device type of `device`, or a UserError when that device is absent."""
-    try:
-        device_type = torch.device(device).type
-    except RuntimeError:
-        raise UserError(f"device '{device}' is not a device: use cpu, cuda, cuda:N or mps") from None
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device '{device}' asked for but CUDA is not available: use --device=cpu")
-    if device_type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"device '{device}' asked for but MPS is not available: use --device=cpu")
-    return device_type
-
-
-def compile_problem(device_type: str) -> str | None:
-    """Why torch.compile cannot work on this machine, or None when it can be tried."""
-    if device_type == "cpu" and not (os.environ.get("CXX") or any(shutil.which(c) for c in ("g++", "c++", "clang++"))):
-        return "no C++ compiler (g++, c++ or clang++) on PATH"
-    if device_type == "cuda":
-        if importlib.util.find_spec("triton") is None:
-            return "triton is not installed"
-    return None
 
 
 class StopFlag:
@@ -172,113 +128,6 @@ class StopFlag:
         self.requested = True
         print(f"{signal.Signals(signum).name}: checkpointing after this step, then exiting "
               "(send it again to exit at once)", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# data
-
-def find_dataset(dataset: str) -> str:
-    """The folder of a dataset: a path as given, else data/<dataset> beside this file."""
-    if os.path.isdir(dataset):
-        return dataset
-    data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
-    if not os.path.isdir(data_dir):
-        raise UserError(f"dataset '{dataset}' not found: no folder {dataset} or {data_dir}; "
-                        f"prepare it first (python data/{dataset}/prepare.py, or data/prepare.py for your own text)")
-    return data_dir
-
-
-def count_tokens(path: str, dtype) -> int:
-    """Number of tokens in a token file, or a UserError when it is missing, empty or torn."""
-    if not os.path.isfile(path):
-        raise UserError(f"token file {path} is missing: prepare the dataset again")
-    n_bytes, itemsize = os.path.getsize(path), np.dtype(dtype).itemsize
-    if n_bytes == 0:
-        raise UserError(f"token file {path} is empty: prepare the dataset again")
-    if n_bytes % itemsize:
-        raise UserError(f"{path} is {n_bytes} bytes, not a whole number of {itemsize}-byte tokens: prepare it again")
-    return n_bytes // itemsize
-
-
-def max_token_id(paths: list[str], dtype, chunk: int = 1 << 26) -> int:
-    """The largest token id in the files, read in chunks (for datasets without meta.json to say it)."""
-    largest = 0
-    for path in paths:
-        data = np.memmap(path, dtype=dtype, mode="r")
-        for i in range(0, len(data), chunk):
-            largest = max(largest, int(data[i:i + chunk].max()))
-    return largest
-
-
-def load_dataset(dataset: str, block_size: int) -> dict:
-    """A dataset's token files, checked: {'dtype', 'vocab_size' (None if unknown), 'max_token_id',
-    'splits': {'train': [(path, n_tokens), ...], 'val': [...]}}. meta.json (written by data/prepare.py)
-    gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and val.bin as
-    uint16, with the vocabulary from meta.pkl if there is one."""
-    data_dir = find_dataset(dataset)
-    meta_path = os.path.join(data_dir, "meta.json")
-    if os.path.isfile(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
-        dtype, vocab_size, max_id = np.dtype(meta["dtype"]), meta["vocab_size"], meta.get("max_token_id")
-        files = {split: [os.path.join(data_dir, name) for name in meta["splits"][split]["files"]] for split in ("train", "val")}
-        expected = {split: meta["splits"][split]["file_tokens"] for split in ("train", "val")}
-    else:
-        dtype, vocab_size, max_id, expected = np.dtype(np.uint16), None, None, None
-        files = {split: [os.path.join(data_dir, f"{split}.bin")] for split in ("train", "val")}
-        if not os.path.isfile(files["train"][0]):
-            raise UserError(f"dataset '{dataset}' has no train.bin or meta.json in {data_dir}: prepare it first")
-        if os.path.isfile(os.path.join(data_dir, "meta.pkl")):
-            import pickle
-            with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
-                vocab_size = pickle.load(f)["vocab_size"]
-    splits = {}
-    for split, paths in files.items():
-        counts = [count_tokens(path, dtype) for path in paths]
-        if expected is not None and counts != expected[split]:
-            raise UserError(f"{split} files in {data_dir} hold {counts} tokens but meta.json says {expected[split]}: "
-                            "prepare the dataset again")
-        if not paths or max(counts) <= block_size:
-            raise UserError(f"block_size {block_size} is not shorter than the {split} split of {data_dir} "
-                            f"({max(counts, default=0)} tokens in its longest file): lower block_size or add data")
-        splits[split] = list(zip(paths, counts))
-    if max_id is None:
-        max_id = max_token_id(files["train"] + files["val"], dtype)
-    return {"dir": data_dir, "dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id, "splits": splits}
-
-
-EVAL_STREAM = 2**32  # first element of evaluation batch keys; training keys start with the (smaller) seed
-
-
-def seed_from(key: tuple[int, ...]) -> int:
-    """A 64-bit seed that depends on every int in key, well mixed (numpy's SeedSequence)."""
-    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
-
-
-def get_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
-              device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """batch_size random windows of a split: inputs x and targets y = x shifted by one, both (B, T) int64.
-    shards lists the split's token files as (path, n_tokens); a window lies within one file, and every
-    possible window is equally likely. The offsets come from a generator seeded by `key` alone, e.g.
-    (seed, 0, iter, micro_step), so a batch does not depend on how many processes share the work or on
-    what ran before it."""
-    starts = np.array([max(0, n - block_size) for _, n in shards])  # window starts per file
-    ends = np.cumsum(starts)
-    generator = torch.Generator().manual_seed(seed_from(key))
-    ix = torch.randint(int(ends[-1]), (batch_size,), generator=generator).numpy()
-    file_of = np.searchsorted(ends, ix, side="right")
-    offsets = ix - (ends[file_of] - starts[file_of])
-    rows = np.empty((batch_size, block_size + 1), dtype=np.int64)
-    for f in np.unique(file_of):  # one gather per file, none per row
-        data = np.memmap(shards[f][0], dtype=dtype, mode="r")  # a fresh memmap each call: a long-lived one grows in RAM
-        hit = file_of == f
-        rows[hit] = data[offsets[hit, None] + np.arange(block_size + 1)]
-    rows = torch.from_numpy(rows)
-    x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-    if torch.device(device).type == "cuda":
-        # pinned memory lets the copy run while the GPU is still busy with the previous micro-step
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,35 +165,6 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
     return out
 
 
-def truncate_metrics(path: str, iter_num: int):
-    """Drop metrics rows past iter_num, written by a run that stopped after its last checkpoint."""
-    if not os.path.exists(path):
-        return
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    kept = [r for r in rows if int(r["iter"]) <= iter_num]
-    if len(kept) < len(rows):
-        with open(path + ".tmp", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=METRICS_COLUMNS)
-            writer.writeheader()
-            writer.writerows(kept)
-        os.replace(path + ".tmp", path)
-
-
-METRICS_COLUMNS = ["iter", "tokens", "loss", "val_loss", "train_eval_loss", "lr", "grad_norm", "dt_ms",
-                   "tokens_per_sec", "mfu"]
-
-
-def append_metrics(path: str, row: dict):
-    """Append one row to the CSV at path, writing the header first when the file is new."""
-    new = not os.path.exists(path) or os.path.getsize(path) == 0
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=METRICS_COLUMNS)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
-
-
 def format_duration(seconds: float) -> str:
     """A duration as h:mm:ss."""
     seconds = int(round(seconds))
@@ -374,18 +194,10 @@ def run_info(config: dict, argv: list[str]) -> dict:
             "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
 
 
-def write_json(path: str, obj: dict):
-    """Write obj as indented JSON through a temporary file."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
-
-
 # ---------------------------------------------------------------------------------------------
 
 if __name__ == "__main__":
-    sys.excepthook = configurator.excepthook
+    sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     checkpoint = None
     if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
@@ -432,10 +244,7 @@ if __name__ == "__main__":
         return get_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, key, device)
 
     def eval_batch(split, k):
-        """Evaluation batch k of split: the same windows at every evaluation and in every run whatever its
-        seed, so val losses of runs on the same data (and batch_size, block_size) compare."""
-        key = (EVAL_STREAM, ("train", "val").index(split), k)
-        return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, key, device)
+        return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, eval_key(split, k), device)
 
     # ---- model init
     iter_num, tokens_seen, best_val_loss, best_iter = 0, 0, float("inf"), None
@@ -536,7 +345,6 @@ if __name__ == "__main__":
             print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
 
     # ---- training loop; the run's files are written only now that every input has been checked
-    metrics_path = os.path.join(out_dir, "metrics.csv")
     if master_process:
         write_json(os.path.join(out_dir, "config.json"), dict(sorted(config.items())))
         info = run_info(config, sys.argv)
@@ -544,7 +352,7 @@ if __name__ == "__main__":
                     tokens_per_iter=tokens_per_iter, start_iter=iter_num)
         write_json(os.path.join(out_dir, "run.json"), info)
         if not eval_only:  # a resumed run drops rows logged after its checkpoint; a new run starts a new log
-            truncate_metrics(metrics_path, iter_num if init_from == "resume" else -1)
+            metrics.truncate(out_dir, iter_num if init_from == "resume" else -1)
     peak = peak_flops(device)
     stop = StopFlag()
     nonfinite_in_a_row, skipped_steps, evals_done, last_losses, codec, samples = 0, 0, 0, None, None, []
@@ -569,7 +377,7 @@ if __name__ == "__main__":
             else:
                 print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
             if master_process:
-                append_metrics(metrics_path, {"iter": iter_num, "tokens": tokens_seen, "lr": lr,
+                metrics.append_row(out_dir, {"iter": iter_num, "tokens": tokens_seen, "lr": lr,
                                               "val_loss": losses["val"], "train_eval_loss": losses["train"]})
                 if wandb_log:
                     wandb.log({"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr},
@@ -644,7 +452,7 @@ if __name__ == "__main__":
                     eta_announced = True
                     print(f"estimated time for the remaining {max_iters - iter_num:,} steps: {format_duration(eta)} "
                           f"({train_time / (iter_num - start_iter) * 1000:.1f} ms/step so far, evaluations not included)")
-                append_metrics(metrics_path, {"iter": iter_num, "tokens": tokens_seen,
+                metrics.append_row(out_dir, {"iter": iter_num, "tokens": tokens_seen,
                                               "loss": loss_value, "lr": lr, "grad_norm": grad_norm.item(),
                                               "dt_ms": dt * 1000, "tokens_per_sec": tokens_per_sec,
                                               "mfu": mfu if mfu is not None else ""})

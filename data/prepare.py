@@ -29,6 +29,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
+from dataset import write_meta  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
 EXTENSIONS = (".txt", ".jsonl", ".parquet")
@@ -242,18 +243,6 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         print(f"\r{total:,} tokens from {n_chars:,} characters in {elapsed:.1f} s ({total / elapsed:,.0f} tokens/s); "
               f"train {splits['train']['tokens']:,}, val {splits['val']['tokens']:,} -> {out_dir}", file=sys.stderr)
     return meta
-
-
-def write_meta(out_dir: str, meta: dict):
-    """Write meta.json, and delete token files of the same splits that an earlier prepare left behind."""
-    keep = {name for split in meta["splits"].values() for name in split["files"]}
-    for split in meta["splits"]:
-        for stale in glob.glob(os.path.join(out_dir, f"{split}.bin")) + glob.glob(os.path.join(out_dir, f"{split}_*.bin")):
-            if os.path.basename(stale) not in keep:
-                os.remove(stale)
-    with open(os.path.join(out_dir, "meta.json.tmp"), "w") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(os.path.join(out_dir, "meta.json.tmp"), os.path.join(out_dir, "meta.json"))
 
 
 def alphabet(documents: Iterable[str]) -> str:

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from configurator import UserError, config_keys, configure, describe
+from configurator import UserError, configure, describe
 from conftest import run_script
 
 DEFAULTS = {"batch_size": 12, "learning_rate": 6e-4, "compile": True, "wandb_run_name": "gpt2", "out_dir": "out"}
@@ -67,7 +67,7 @@ def test_config_file_errors(tmp_path):
 
 def test_every_shipped_config_file_applies_to_train_defaults():
     import train
-    defaults = config_keys(vars(train))
+    defaults = train.config_defaults
     config_dir = os.path.join(os.path.dirname(train.__file__), "config")
     for name in sorted(os.listdir(config_dir)):
         configure(defaults, [os.path.join(config_dir, name)])  # raises on any unknown key or wrong type
@@ -75,10 +75,10 @@ def test_every_shipped_config_file_applies_to_train_defaults():
 
 def test_help_lists_each_key_with_default_and_comment():
     import train
-    text = describe(train.__file__, config_keys(vars(train)))
+    text = describe(train.__file__, train.config_defaults)
     assert "--batch_size=12" in text and "sequences per micro-step per process" in text
     assert "AdamW optimizer:" in text  # the section banners group the keys
-    missing = [k for k in config_keys(vars(train)) if f"--{k}=" not in text]
+    missing = [k for k in train.config_defaults if f"--{k}=" not in text]
     assert missing == []
 
 

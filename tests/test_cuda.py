@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import load_module, read_metrics, run_script, step_losses
-from model import GPT, GPTConfig, peak_flops
+from common import peak_flops
+from model import GPT, GPTConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -37,7 +38,7 @@ def test_peak_flops_are_known_for_this_gpu():
 
 
 def test_pinned_batches_on_the_gpu_equal_the_cpu_ones(gpu_data):
-    from train import get_batch, load_dataset
+    from dataset import get_batch, load_dataset
     data = load_dataset(gpu_data, 64)
     for step in range(3):
         x_cpu, y_cpu = get_batch(data["splits"]["train"], data["dtype"], 8, 64, (0, 0, step, 0), "cpu")

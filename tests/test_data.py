@@ -67,7 +67,7 @@ def test_shakespeare_bpe_prepare_matches_nanogpts_token_counts(tmp_path):
 
 
 def test_char_prepare_writes_meta_json_that_train_reads(char_data):
-    from train import load_dataset
+    from dataset import load_dataset
     data = load_dataset(char_data, 256)
     vocab_size = len(set(shakespeare()["text"]))  # 65 for tiny Shakespeare
     assert data["vocab_size"] == vocab_size and data["max_token_id"] == vocab_size - 1 and data["dtype"] == np.uint16

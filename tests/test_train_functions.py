@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from train import UserError, count_tokens, estimate_loss, get_batch, get_lr, load_dataset
+from common import UserError
+from dataset import count_tokens, get_batch, load_dataset
+from train import estimate_loss, get_lr
 
 
 def write_tokens(path, n, dtype=np.uint16, start=0):

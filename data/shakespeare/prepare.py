@@ -14,7 +14,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
-from data.prepare import TokenWriter, write_meta  # noqa: E402
+from data.prepare import TokenWriter  # noqa: E402
+from dataset import write_meta  # noqa: E402
 from data.shakespeare_char.prepare import describe_text, load_text  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 

@@ -22,7 +22,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root, for data.prepare
-from data.prepare import CharCodec, TokenWriter, write_meta  # noqa: E402
+from data.prepare import CharCodec, TokenWriter  # noqa: E402
+from dataset import write_meta  # noqa: E402
 from tokenizer import download_sdist  # noqa: E402
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

@@ -1,0 +1,123 @@
+"""
+The ground floor that every script stands on: the user-error type and the scripts' error hook, device and
+dtype resolution, the autocast context, the compile check, peak FLOP/s by GPU, and the one durable atomic
+write that every file of the project goes through. It imports nothing from the project, and torch only
+inside the device helpers: data preparation and its worker processes use this module without loading torch.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import traceback
+from contextlib import contextmanager, nullcontext
+
+
+class UserError(ValueError):
+    """Bad input from the user. Scripts print its message on one line and exit non-zero (see excepthook)."""
+
+
+def excepthook(exc_type, exc, tb):
+    """sys.excepthook for the scripts: a UserError is one line on stderr, with the traceback only when
+    NANOGPT_TRACEBACK=1; any other exception is a bug and keeps its traceback."""
+    if issubclass(exc_type, UserError) and os.environ.get("NANOGPT_TRACEBACK") != "1":
+        print(f"error: {exc}", file=sys.stderr)
+    else:
+        traceback.print_exception(exc_type, exc, tb)
+
+
+# ---- devices and precision
+
+def check_device(device: str) -> str:
+    """The device type of `device`, or a UserError when that device is absent."""
+    import torch
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        raise UserError(f"device '{device}' is not a device: use cpu, cuda, cuda:N or mps") from None
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device '{device}' asked for but CUDA is not available: use --device=cpu")
+    if device_type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device '{device}' asked for but MPS is not available: use --device=cpu")
+    return device_type
+
+
+def resolve_dtype(dtype: str, device_type: str) -> str:
+    """The dtype name to run in: 'auto' picks bf16 on GPUs that have it, fp16 on older GPUs, fp32 elsewhere."""
+    import torch
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise UserError(f"dtype '{dtype}' is not one of auto, float32, bfloat16, float16")
+    if dtype == "auto":
+        if device_type != "cuda":
+            return "float32"
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("this GPU has no bfloat16: use --dtype=float16 (or --dtype=auto)")
+    return dtype
+
+
+def autocast_context(device_type: str, dtype: str):
+    """The mixed-precision context for forward passes: none for float32, else torch.autocast to dtype."""
+    import torch
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device_type=device_type, dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
+
+
+def compile_problem(device_type: str) -> str | None:
+    """Why torch.compile cannot work on this machine, or None when it can be tried."""
+    if device_type == "cpu" and not (os.environ.get("CXX") or any(shutil.which(c) for c in ("g++", "c++", "clang++"))):
+        return "no C++ compiler (g++, c++ or clang++) on PATH"
+    if device_type == "cuda" and importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    return None
+
+
+# peak dense bf16/fp16 tensor-core throughput, FLOP/s, by a substring of torch.cuda.get_device_name()
+PEAK_FLOPS = [
+    ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
+    ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12),
+    ("A6000", 155e12), ("V100", 125e12), ("T4", 65e12),
+]
+
+
+def peak_flops(device) -> float | None:
+    """Peak FLOP/s of a CUDA device from PEAK_FLOPS, or None where unknown (CPU, MPS, an unlisted GPU)."""
+    import torch
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_FLOPS if key in name), None)
+
+
+# ---- files
+
+@contextmanager
+def atomic_write(path: str, mode: str = "w", **open_kwargs):
+    """Open a temporary file beside path; when the block ends without error, flush it to disk, rename it over
+    path and make the rename durable. A crash at any moment leaves the old file or the new one, whole; an
+    error (a full disk) removes the temporary file and leaves the old one."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, mode, **open_kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def write_json(path: str, obj: dict, indent: int = 2):
+    """Write obj as JSON, atomically."""
+    with atomic_write(path) as f:
+        json.dump(obj, f, indent=indent)
+        f.write("\n")

@@ -1,0 +1,167 @@
+"""
+Datasets on disk: the one owner of meta.json (write_meta and read_meta), the checks that a dataset's token
+files are whole, and get_batch, which draws a batch of windows from them. Used by train.py, bench.py,
+sample.py, tokenizer.py and every prepare script.
+
+A dataset folder holds meta.json (written by data/prepare.py and the data/*/prepare.py scripts) and its
+token files; nanoGPT's layout (train.bin and val.bin as uint16, maybe meta.pkl) is read too.
+"""
+import glob
+import json
+import os
+import pickle
+
+import numpy as np
+
+from common import UserError, atomic_write
+
+META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.json has; readers may need more
+
+
+def write_meta(out_dir: str, meta: dict):
+    """Write meta.json, and delete token files of the same splits that an earlier prepare left behind."""
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"meta.json needs {missing}")
+    keep = {name for split in meta["splits"].values() for name in split["files"]}
+    for split in meta["splits"]:
+        for stale in glob.glob(os.path.join(out_dir, f"{split}.bin")) + glob.glob(os.path.join(out_dir, f"{split}_*.bin")):
+            if os.path.basename(stale) not in keep:
+                os.remove(stale)
+    with atomic_write(os.path.join(out_dir, "meta.json")) as f:
+        json.dump(meta, f, indent=1)
+
+
+def read_meta(data_dir: str) -> dict | None:
+    """meta.json of a dataset folder, checked; None when the folder has none (nanoGPT's layout)."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}): prepare the dataset again") from None
+    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else list(META_KEYS)
+    if missing or any(s not in meta["splits"] for s in ("train", "val")):
+        raise UserError(f"{path} lacks {missing or 'a train or val split'}: prepare the dataset again")
+    return meta
+
+
+def read_meta_pkl(data_dir: str) -> dict | None:
+    """nanoGPT's meta.pkl (vocab_size, itos, stoi) of a character dataset, or None."""
+    path = os.path.join(data_dir, "meta.pkl")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except (pickle.UnpicklingError, EOFError) as e:
+        raise UserError(f"{path} is torn or not a pickle ({e}): prepare the dataset again") from None
+
+
+def find_dataset(dataset: str) -> str:
+    """The folder of a dataset: a path as given, else data/<dataset> beside this file."""
+    if os.path.isdir(dataset):
+        return dataset
+    data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
+    if not os.path.isdir(data_dir):
+        raise UserError(f"dataset '{dataset}' not found: no folder {dataset} or {data_dir}; "
+                        f"prepare it first (python data/{dataset}/prepare.py, or data/prepare.py for your own text)")
+    return data_dir
+
+
+def count_tokens(path: str, dtype) -> int:
+    """Number of tokens in a token file, or a UserError when it is missing, empty or torn."""
+    if not os.path.isfile(path):
+        raise UserError(f"token file {path} is missing: prepare the dataset again")
+    n_bytes, itemsize = os.path.getsize(path), np.dtype(dtype).itemsize
+    if n_bytes == 0:
+        raise UserError(f"token file {path} is empty: prepare the dataset again")
+    if n_bytes % itemsize:
+        raise UserError(f"{path} is {n_bytes} bytes, not a whole number of {itemsize}-byte tokens: prepare it again")
+    return n_bytes // itemsize
+
+
+def max_token_id(paths: list[str], dtype, chunk: int = 1 << 26) -> int:
+    """The largest token id in the files, read in chunks (for datasets without meta.json to say it)."""
+    largest = 0
+    for path in paths:
+        data = np.memmap(path, dtype=dtype, mode="r")
+        for i in range(0, len(data), chunk):
+            largest = max(largest, int(data[i:i + chunk].max()))
+    return largest
+
+
+def load_dataset(dataset: str, block_size: int) -> dict:
+    """A dataset's token files, checked: {'dtype', 'vocab_size' (None if unknown), 'max_token_id',
+    'splits': {'train': [(path, n_tokens), ...], 'val': [...]}}. meta.json (written by data/prepare.py)
+    gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and val.bin as
+    uint16, with the vocabulary from meta.pkl if there is one."""
+    data_dir = find_dataset(dataset)
+    meta = read_meta(data_dir)
+    if meta is not None:
+        dtype, vocab_size, max_id = np.dtype(meta["dtype"]), meta["vocab_size"], meta.get("max_token_id")
+        files = {split: [os.path.join(data_dir, name) for name in meta["splits"][split]["files"]] for split in ("train", "val")}
+        expected = {split: meta["splits"][split]["file_tokens"] for split in ("train", "val")}
+    else:
+        dtype, vocab_size, max_id, expected = np.dtype(np.uint16), None, None, None
+        files = {split: [os.path.join(data_dir, f"{split}.bin")] for split in ("train", "val")}
+        if not os.path.isfile(files["train"][0]):
+            raise UserError(f"dataset '{dataset}' has no train.bin or meta.json in {data_dir}: prepare it first")
+        pkl = read_meta_pkl(data_dir)
+        vocab_size = pkl["vocab_size"] if pkl else None
+    splits = {}
+    for split, paths in files.items():
+        counts = [count_tokens(path, dtype) for path in paths]
+        if expected is not None and counts != expected[split]:
+            raise UserError(f"{split} files in {data_dir} hold {counts} tokens but meta.json says {expected[split]}: "
+                            "prepare the dataset again")
+        if not paths or max(counts) <= block_size:
+            raise UserError(f"block_size {block_size} is not shorter than the {split} split of {data_dir} "
+                            f"({max(counts, default=0)} tokens in its longest file): lower block_size or add data")
+        splits[split] = list(zip(paths, counts))
+    if max_id is None:
+        max_id = max_token_id(files["train"] + files["val"], dtype)
+    return {"dir": data_dir, "dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id, "splits": splits}
+
+
+EVAL_STREAM = 2**32  # first element of evaluation batch keys; training keys start with the (smaller) seed
+
+
+def eval_key(split: str, k: int) -> tuple[int, int, int]:
+    """The get_batch key of evaluation batch k of a split: the same windows at every evaluation and in every
+    run whatever its seed, so val losses of runs on the same data (and batch_size, block_size) compare."""
+    return (EVAL_STREAM, ("train", "val").index(split), k)
+
+
+def seed_from(key: tuple[int, ...]) -> int:
+    """A 64-bit seed that depends on every int in key, well mixed (numpy's SeedSequence)."""
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
+
+
+def get_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
+              device: str) -> tuple:
+    """batch_size random windows of a split: inputs x and targets y = x shifted by one, both (B, T) int64.
+    shards lists the split's token files as (path, n_tokens); a window lies within one file, and every
+    possible window is equally likely. The offsets come from a generator seeded by `key` alone, e.g.
+    (seed, 0, iter, micro_step), so a batch does not depend on how many processes share the work or on
+    what ran before it."""
+    import torch  # here only: the prepare scripts and their worker processes use this module without torch
+    starts = np.array([max(0, n - block_size) for _, n in shards])  # window starts per file
+    ends = np.cumsum(starts)
+    generator = torch.Generator().manual_seed(seed_from(key))
+    ix = torch.randint(int(ends[-1]), (batch_size,), generator=generator).numpy()
+    file_of = np.searchsorted(ends, ix, side="right")
+    offsets = ix - (ends[file_of] - starts[file_of])
+    rows = np.empty((batch_size, block_size + 1), dtype=np.int64)
+    for f in np.unique(file_of):  # one gather per file, none per row
+        data = np.memmap(shards[f][0], dtype=dtype, mode="r")  # a fresh memmap each call: a long-lived one grows in RAM
+        hit = file_of == f
+        rows[hit] = data[offsets[hit, None] + np.arange(block_size + 1)]
+    rows = torch.from_numpy(rows)
+    x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+    if torch.device(device).type == "cuda":
+        # pinned memory lets the copy run while the GPU is still busy with the previous micro-step
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
