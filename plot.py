@@ -8,22 +8,20 @@ Panels: train and val loss against tokens, learning rate, gradient norm, tokens/
 Needs matplotlib (pip install matplotlib).
 """
 import argparse
-import csv
 import os
 import sys
+
+import metrics
+from common import UserError
 
 
 def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
     """Series of (tokens, value) per column from out_dir/metrics.csv, blanks skipped."""
-    path = os.path.join(out_dir, "metrics.csv")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: give the out_dir of a run")
     series = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            for key, value in row.items():
-                if key not in ("iter", "tokens") and value not in ("", None):
-                    series.setdefault(key, []).append((float(row["tokens"]), float(value)))
+    for row in metrics.read_rows(out_dir):
+        for key, value in row.items():
+            if key not in ("iter", "tokens") and value not in ("", None):
+                series.setdefault(key, []).append((float(row["tokens"]), float(value)))
     return series
 
 
@@ -36,7 +34,7 @@ def smooth(values: list[float], weight: float) -> list[float]:
     return out
 
 
-def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.0, logx: bool = False):
+def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: bool = False):
     """Draw every run's metrics into one figure at out_path."""
     try:
         import matplotlib
@@ -45,7 +43,7 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.0, logx: 
     except ImportError:
         raise ImportError("plot.py needs matplotlib: pip install matplotlib") from None
     runs = {os.path.basename(os.path.normpath(d)): read_metrics(d) for d in out_dirs}
-    panels = [("loss", "loss (train: lines, val: markers)"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
+    panels = [("loss", "loss (train: smoothed line, val: large markers)"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
               ("tokens_per_sec", "tokens/s"), ("mfu", "MFU")]
     panels = [p for p in panels if any(p[0] in s or (p[0] == "loss" and "val_loss" in s) for s in runs.values())]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels) + 0.6), sharex=True, squeeze=False)
@@ -55,10 +53,13 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.0, logx: 
             color = colors[i % len(colors)]
             if column in series:
                 x, y = zip(*series[column])
-                ax.plot(x, smooth(list(y), smoothing) if column == "loss" else y, color=color, label=name, lw=1.2)
+                ax.plot(x, smooth(list(y), smoothing) if column == "loss" else y, color=color, label=name, lw=1.2,
+                        alpha=0.8)
             if column == "loss" and "val_loss" in series:
+                # val in a colour no train line uses, with black-edged markers on top, so train noise never hides it
                 x, y = zip(*series["val_loss"])
-                ax.plot(x, y, "o--", color=color, ms=4, lw=0.8, label=f"{name} val")
+                ax.plot(x, y, "D-", color=colors[(i + len(runs)) % len(colors)], ms=6, mec="black", mew=0.8, lw=1.5,
+                        zorder=5, label=f"{name} val")
         ax.set_title(title, fontsize=10, loc="left")
         ax.grid(alpha=0.3)
         if column == "mfu":
@@ -76,7 +77,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dirs", nargs="+", help="run folders holding metrics.csv")
     parser.add_argument("--out", help="PNG to write (default: plot.png in the first run's folder)")
-    parser.add_argument("--smooth", type=float, default=0.0, help="EMA weight for the train loss, 0 (none) to 0.99")
+    parser.add_argument("--smooth", type=float, default=0.9, help="EMA weight for the train loss, 0 (none) to 0.99")
     parser.add_argument("--logx", action="store_true", help="log-scale token axis")
     args = parser.parse_args()
     if not 0 <= args.smooth < 1:
@@ -84,6 +85,6 @@ if __name__ == "__main__":
     out_path = args.out or os.path.join(args.out_dirs[0], "plot.png")
     try:
         plot_runs(args.out_dirs, out_path, args.smooth, args.logx)
-    except (FileNotFoundError, ImportError) as e:
+    except (UserError, ImportError) as e:
         sys.exit(f"error: {e}")
     print(f"wrote {out_path}")

@@ -9,6 +9,7 @@ import pytest
 from conftest import ROOT, read_metrics, run_script, tiny_args
 
 
+@pytest.mark.slow
 def test_plot_renders_two_runs(char_data, tmp_path):
     import matplotlib.image
     runs = []
@@ -65,6 +66,7 @@ def wandb_history(run_dir):
     return run_id, steps
 
 
+@pytest.mark.slow
 def test_wandb_resume_continues_one_run_with_monotonic_steps(char_data, tmp_path):
     out = str(tmp_path / "out")
     env = {"WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
@@ -82,6 +84,7 @@ def test_wandb_resume_continues_one_run_with_monotonic_steps(char_data, tmp_path
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 20
 
 
+@pytest.mark.slow
 def test_json_log_format_is_one_object_per_line(char_data, tmp_path):
     result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "out"), max_iters=6, eval_interval=3,
                                                log_format="json"), cwd=str(tmp_path))
@@ -94,6 +97,7 @@ def test_json_log_format_is_one_object_per_line(char_data, tmp_path):
     assert objects[-1]["summary"]["iters"] == 6
 
 
+@pytest.mark.slow
 def test_text_progress_line_and_quiet_mode(char_data, tmp_path):
     text = run_script("train.py", *tiny_args(char_data, str(tmp_path / "a"), max_iters=4, eval_interval=4), cwd=str(tmp_path))
     line = next(l for l in text.stdout.splitlines() if l.startswith("iter 2/4"))
@@ -104,6 +108,7 @@ def test_text_progress_line_and_quiet_mode(char_data, tmp_path):
     assert "step 4: train loss" in quiet.stdout
 
 
+@pytest.mark.slow
 def test_samples_during_training_go_to_stdout_and_a_file(char_data, tmp_path):
     out = str(tmp_path / "out")
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=20, eval_interval=5, sample_interval=2,
@@ -115,6 +120,7 @@ def test_samples_during_training_go_to_stdout_and_a_file(char_data, tmp_path):
     assert "---- sample at iter 5 ----" in result.stdout
 
 
+@pytest.mark.slow
 def test_run_info_and_summary_files(char_data, tmp_path):
     out = str(tmp_path / "out")
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=8, eval_interval=4), cwd=str(tmp_path))
@@ -142,3 +148,12 @@ def test_help_shows_every_key_that_the_gpt2_config_sets(tmp_path):
     set_keys = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets]
     assert len(set_keys) >= 10 and all(f"--{k}=" in result.stdout for k in set_keys)
     assert "--learning_rate=0.0006" in result.stdout and "peak learning rate" in result.stdout
+
+
+def test_plot_of_an_empty_metrics_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.csv").write_text("")
+    result = run_script("plot.py", str(tmp_path / "run"), cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'run' / 'metrics.csv'} is empty or has no header "
+                                                  "with an iter column: not a run's metrics.csv"]
