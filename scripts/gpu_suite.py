@@ -108,7 +108,7 @@ def step_char(suite: Suite, args):
 
 
 def step_gpt2(suite: Suite, args):
-    """GPT-2 124M at block 1024: the default micro-batch, then doubling until it no longer fits."""
+    """GPT-2 124M at block 1024: the default micro-batch 12, then 32, 64, ... until one no longer fits."""
     batch, fitted = 12, None
     while batch <= args.max_batch:
         r = bench(suite, f"gpt2_b{batch}", [f"--batch_size={batch}", "--num_steps=30"])
@@ -116,7 +116,7 @@ def step_gpt2(suite: Suite, args):
             suite.row(f"GPT-2 124M, batch {batch} x 1024", False, "did not run (out of memory?): see log")
             break
         suite.row(f"GPT-2 124M, batch {batch} x 1024, bf16, compile, fused AdamW", True, bench_text(r))
-        fitted, batch = batch, batch * 2 if batch > 12 else 16
+        fitted, batch = batch, 32 if batch == 12 else batch * 2
     if fitted:
         print(f"largest micro-batch that ran: {fitted}")
 

@@ -14,6 +14,8 @@ import torch
 
 from conftest import ROOT, read_metrics, run_script, step_losses
 
+pytestmark = pytest.mark.slow  # each test runs the scripts end to end
+
 FAULT_ARGS = dict(device="cpu", compile=False, n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8,
                   gradient_accumulation_steps=2, dropout=0.1, eval_iters=2, eval_interval=4, log_interval=1,
                   max_iters=24, warmup_iters=4, lr_decay_iters=24, learning_rate=3e-3, min_lr=3e-4)

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, peak_flops
+from common import peak_flops
+from model import GPT, GPTConfig
 
 
 def tiny_config(**overrides) -> GPTConfig:
@@ -80,6 +81,7 @@ def test_generate_appends_tokens_and_respects_top_k():
     assert out.shape == (2, 23) and torch.equal(out[:, :3], idx) and torch.equal(out[0], out[1])
 
 
+@pytest.mark.slow
 def test_from_pretrained_reproduces_transformers_logits(tmp_path):
     import transformers  # a test dependency (requirements-dev.txt), optional for users
 

@@ -110,6 +110,7 @@ def test_inputs_that_match_nothing_are_an_error(tmp_path):
         prepare.list_files([str(tmp_path / "*.txt")])
 
 
+@pytest.mark.slow
 def test_prepared_corpus_trains(tmp_path):
     make_corpus(tmp_path / "corpus", n_docs=60)
     result = run_script("data/prepare.py", "--input", str(tmp_path / "corpus"), "--out_dir", str(tmp_path / "data"),

@@ -1,5 +1,4 @@
 """End-to-end runs of train.py, sample.py and bench.py on tiny models, as a user would run them."""
-import csv
 import glob
 import json
 import math
@@ -9,6 +8,8 @@ import pytest
 import torch
 
 from conftest import char_vocab_size, read_metrics, run_script, step_losses, tiny_args
+
+pytestmark = pytest.mark.slow  # each test runs the scripts end to end
 
 
 def test_short_run_lowers_loss_and_writes_checkpoint_metrics_and_config(char_data, tmp_path):
