@@ -12,11 +12,9 @@ Trains a GPT on one device, or on several with DDP. One CPU or GPU:
 The defaults below train GPT-2 124M on OpenWebText; `python train.py --help` lists them all.
 """
 import datetime
-import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,13 +24,13 @@ import torch
 import torch.distributed as dist
 
 import configurator
-import metrics
 from checkpoint import (SHAPE_KEYS, check_resume_shape, gather_rng_states, load_checkpoint, load_model_state,
                         publish_checkpoint, save_checkpoint, set_rng_state)
-from common import (UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops, resolve_dtype,
-                    write_json)
+from common import UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops, resolve_dtype
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from model import GPT, GPTConfig
+from report import Reporter
+from tokenizer import dataset_codec
 
 # ---- I/O
 out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go
@@ -165,33 +163,15 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
     return out
 
 
-def format_duration(seconds: float) -> str:
-    """A duration as h:mm:ss."""
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def progress_line(it: int, max_iters: int, loss: float, lr: float, tokens_per_sec: float, mfu: float | None,
-                  elapsed: float, eta: float) -> str:
-    """One human-readable progress line."""
-    mfu_text = f" | mfu {mfu * 100:.1f}%" if mfu is not None else ""
-    return (f"iter {it}/{max_iters} ({100 * it / max_iters:.1f}%) | loss {loss:.4f} | lr {lr:.2e} | "
-            f"{tokens_per_sec:,.0f} tok/s{mfu_text} | {format_duration(elapsed)} elapsed, ETA {format_duration(eta)}")
-
-
-def run_info(config: dict, argv: list[str]) -> dict:
-    """What reproduces a run besides its config: the command, the code version and the library versions."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True,
-                                    timeout=10).stdout.strip()) if commit else None
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, None
-    return {"command": " ".join([os.path.basename(sys.executable)] + argv), "git_commit": commit,
-            "git_dirty": dirty, "torch": torch.__version__, "python": sys.version.split()[0],
-            "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
+def step_verdicts(loss_sum, grad_norm, stop_requested: bool, loss_scaling: bool, ddp: bool) -> tuple[bool, bool]:
+    """(skip this step, stop the run), agreed by every rank through one small all-reduce: a non-finite loss
+    anywhere skips the step everywhere (with fp16 an overflowing gradient is normal and left to the
+    GradScaler), and a signal anywhere stops all."""
+    status = torch.stack([(~torch.isfinite(loss_sum)).float(), torch.tensor(float(stop_requested), device=loss_sum.device),
+                          (~torch.isfinite(grad_norm)).float() * (not loss_scaling)])
+    if ddp:
+        dist.all_reduce(status, op=dist.ReduceOp.MAX)
+    return bool(status[0] or status[2]), bool(status[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,18 +281,8 @@ if __name__ == "__main__":
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
-    if wandb_log and master_process:
-        import wandb
-        # the id saved in the checkpoint makes a resumed run continue the same wandb run
-        wandb.init(project=wandb_project, name=wandb_run_name, config=config, id=wandb_run_id, resume="allow")
-        wandb_run_id = wandb.run.id
-
     def write_sample(it: int):
-        """Generate sample_tokens tokens from sample_prompt on rank 0 and log them everywhere."""
-        global codec
-        if codec is None:
-            from tokenizer import dataset_codec
-            codec = dataset_codec(data["dir"])
+        """Generate sample_tokens tokens from sample_prompt on rank 0 and report them."""
         encode, decode = codec
         prompt = torch.tensor(encode(sample_prompt), dtype=torch.long, device=device)[None]
         raw_model.eval()
@@ -320,16 +290,7 @@ if __name__ == "__main__":
             ids = raw_model.generate(prompt, sample_tokens, temperature=0.8, top_k=200,
                                      generator=torch.Generator(device).manual_seed(seed))
         raw_model.train()
-        text = decode(ids[0].tolist())
-        if log_format == "json":
-            print(json.dumps({"iter": it, "sample": text}), flush=True)
-        else:
-            print(f"---- sample at iter {it} ----\n{text}\n----")
-        with open(os.path.join(out_dir, "samples.txt"), "a") as f:
-            f.write(f"---- iter {it} ----\n{text}\n")
-        if wandb_log:
-            samples.append([it, text])
-            wandb.log({"samples": wandb.Table(columns=["iter", "sample"], data=samples)}, step=it)
+        report.sample(it, decode(ids[0].tolist()))
 
     def save(evaluated: bool, improved: bool):
         """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it."""
@@ -342,21 +303,24 @@ if __name__ == "__main__":
                 "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id, "evaluated": evaluated,
             }, os.path.join(out_dir, "ckpt.pt"))
             publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
-            print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
+            report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
 
-    # ---- training loop; the run's files are written only now that every input has been checked
-    if master_process:
-        write_json(os.path.join(out_dir, "config.json"), dict(sorted(config.items())))
-        info = run_info(config, sys.argv)
-        info.update(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
-                    tokens_per_iter=tokens_per_iter, start_iter=iter_num)
-        write_json(os.path.join(out_dir, "run.json"), info)
-        if not eval_only:  # a resumed run drops rows logged after its checkpoint; a new run starts a new log
-            metrics.truncate(out_dir, iter_num if init_from == "resume" else -1)
+    # ---- the run's files are written only now that every input has been checked
+    report = Reporter(out_dir, log_format, active=master_process)
+    wandb_run_id = report.start(
+        config, dict(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
+                     tokens_per_iter=tokens_per_iter, start_iter=iter_num),
+        # a resumed run drops rows logged after its checkpoint; a new run starts a new log
+        truncate_at=None if eval_only else (iter_num if init_from == "resume" else -1),
+        wandb_settings=dict(project=wandb_project, name=wandb_run_name, id=wandb_run_id) if wandb_log else None,
+    ) or wandb_run_id
+    codec = dataset_codec(data["dir"]) if sample_interval and master_process else None
     peak = peak_flops(device)
     stop = StopFlag()
-    nonfinite_in_a_row, skipped_steps, evals_done, last_losses, codec, samples = 0, 0, 0, None, None, []
-    t_start, train_time, start_iter, eta_announced = time.time(), 0.0, iter_num, False
+
+    # ---- training loop
+    nonfinite_in_a_row, skipped_steps, evals_done, last_losses = 0, 0, 0, None
+    t_start, train_time, start_iter = time.time(), 0.0, iter_num
     X, Y = train_batch(iter_num, 0)
     t_log, iters_since_log = time.time(), 0
     while True:
@@ -372,16 +336,7 @@ if __name__ == "__main__":
             if improved:
                 best_val_loss, best_iter = losses["val"], iter_num
             last_losses, evals_done = losses, evals_done + 1
-            if log_format == "json":
-                print0(json.dumps({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]}), flush=True)
-            else:
-                print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-            if master_process:
-                metrics.append_row(out_dir, {"iter": iter_num, "tokens": tokens_seen, "lr": lr,
-                                              "val_loss": losses["val"], "train_eval_loss": losses["train"]})
-                if wandb_log:
-                    wandb.log({"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr},
-                              step=iter_num)
+            report.eval(iter_num, tokens_seen, lr, losses)
             if iter_num > 0 and not eval_only and math.isfinite(losses["val"]) and (improved or always_save_checkpoint):
                 save(evaluated=True, improved=improved)
             if master_process and sample_interval and evals_done % sample_interval == 0:
@@ -404,13 +359,7 @@ if __name__ == "__main__":
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-        # one small all-reduce carries every rank's verdict: a non-finite loss anywhere skips the step everywhere
-        # (with fp16 an overflowing gradient is normal and left to the GradScaler), a signal anywhere stops all
-        status = torch.stack([(~torch.isfinite(loss_sum)).float(), torch.tensor(float(stop.requested), device=device),
-                              (~torch.isfinite(grad_norm)).float() * (not scaler.is_enabled())])
-        if ddp:
-            dist.all_reduce(status, op=dist.ReduceOp.MAX)
-        nonfinite, stop_now = bool(status[0] or status[2]), bool(status[1])
+        nonfinite, stop_now = step_verdicts(loss_sum, grad_norm, stop.requested, scaler.is_enabled(), ddp)
         if nonfinite and not scaler.is_enabled():
             optimizer.zero_grad(set_to_none=True)  # skip the update; the weights stay as they were
         else:
@@ -423,7 +372,7 @@ if __name__ == "__main__":
         tokens_seen += tokens_per_iter
         iters_since_log += 1
         if nonfinite:
-            print0(f"iter {iter_num}: non-finite loss or gradient norm, step skipped ({skipped_steps} so far)")
+            report.print(f"iter {iter_num}: non-finite loss or gradient norm, step skipped ({skipped_steps} so far)")
             if nonfinite_in_a_row >= max_nonfinite_steps:
                 raise UserError(f"{nonfinite_in_a_row} steps in a row had a non-finite loss or gradient norm (at iter "
                                 f"{iter_num}): stopping with the last good checkpoint in {out_dir} kept; lower "
@@ -437,59 +386,27 @@ if __name__ == "__main__":
             dt = (t_now - t_log) / iters_since_log
             train_time += t_now - t_log
             t_log, iters_since_log = t_now, 0
-            tokens_per_sec = tokens_per_iter / dt
-            mfu = raw_model.estimate_mfu(tokens_per_iter // world_size, dt, peak)
-            eta = train_time / (iter_num - start_iter) * (max_iters - iter_num)  # from this session's mean step time
-            if master_process:
-                if log_format == "text":
-                    print(progress_line(iter_num, max_iters, loss_value, lr, tokens_per_sec, mfu, t_now - t_start, eta))
-                elif log_format == "json":
-                    print(json.dumps({"iter": iter_num, "max_iters": max_iters, "loss": loss_value, "lr": lr,
-                                      "tokens": tokens_seen, "tokens_per_sec": tokens_per_sec, "mfu": mfu,
-                                      "grad_norm": grad_norm.item(), "elapsed_s": t_now - t_start, "eta_s": eta}),
-                          flush=True)
-                if not eta_announced and iter_num - start_iter >= min(10, max_iters - start_iter) and log_format != "json":
-                    eta_announced = True
-                    print(f"estimated time for the remaining {max_iters - iter_num:,} steps: {format_duration(eta)} "
-                          f"({train_time / (iter_num - start_iter) * 1000:.1f} ms/step so far, evaluations not included)")
-                metrics.append_row(out_dir, {"iter": iter_num, "tokens": tokens_seen,
-                                              "loss": loss_value, "lr": lr, "grad_norm": grad_norm.item(),
-                                              "dt_ms": dt * 1000, "tokens_per_sec": tokens_per_sec,
-                                              "mfu": mfu if mfu is not None else ""})
-                if wandb_log:
-                    wandb.log({"iter": iter_num, "train/loss_step": loss_value, "lr": lr,
-                               "mfu": mfu or 0.0, "grad_norm": grad_norm.item()}, step=iter_num)
+            report.step(iter_num, max_iters, tokens_seen, loss_value, lr, grad_norm.item(), dt, tokens_per_iter / dt,
+                        raw_model.estimate_mfu(tokens_per_iter // world_size, dt, peak), t_now - t_start,
+                        iter_num - start_iter, train_time)
         if stop_now:
             save(evaluated=False, improved=False)
-            print0(f"stopped by signal at iter {iter_num}; resume with --init_from=resume")
+            report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume")
             break
 
-    # ---- cleanup and summary
-    if master_process:
-        steps_done = iter_num - start_iter
-        summary = {
-            "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stop.requested, "skipped_steps": skipped_steps,
-            "final_train_loss": last_losses["train"] if last_losses else None,
-            "final_val_loss": last_losses["val"] if last_losses else None,
-            "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else None, "best_iter": best_iter,
-            "wall_time_s": time.time() - t_start,
-            "mean_tokens_per_sec": steps_done * tokens_per_iter / train_time if train_time else None,
-            "mean_mfu": raw_model.estimate_mfu(tokens_per_iter // world_size, train_time / steps_done, peak) if steps_done else None,
-            "checkpoint": os.path.join(out_dir, "ckpt.pt") if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else None,
-        }
-        write_json(os.path.join(out_dir, "summary.json"), summary)
-        if log_format == "json":
-            print(json.dumps({"summary": summary}))
-        else:
-            fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
-            print(f"done: {iter_num:,} iters, {tokens_seen:,} tokens in {format_duration(summary['wall_time_s'])}; "
-                  f"final train/val loss {fmt(summary['final_train_loss'])}/{fmt(summary['final_val_loss'])}, best val "
-                  f"{fmt(summary['best_val_loss'])} at iter {best_iter}; "
-                  + (f"{summary['mean_tokens_per_sec']:,.0f} tok/s" if summary["mean_tokens_per_sec"] else "no steps")
-                  + (f", mfu {summary['mean_mfu'] * 100:.1f}%" if summary["mean_mfu"] else "")
-                  + f"; checkpoint {summary['checkpoint']}; summary in {out_dir}/summary.json")
-    if wandb_log and master_process:
-        wandb.finish()
+    # ---- summary
+    steps_done = iter_num - start_iter
+    report.summary({
+        "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stop.requested, "skipped_steps": skipped_steps,
+        "final_train_loss": last_losses["train"] if last_losses else None,
+        "final_val_loss": last_losses["val"] if last_losses else None,
+        "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else None, "best_iter": best_iter,
+        "wall_time_s": time.time() - t_start,
+        "mean_tokens_per_sec": steps_done * tokens_per_iter / train_time if train_time else None,
+        "mean_mfu": raw_model.estimate_mfu(tokens_per_iter // world_size, train_time / steps_done, peak) if steps_done else None,
+        "checkpoint": os.path.join(out_dir, "ckpt.pt") if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else None,
+    })
+    report.finish()
     if ddp:
         dist.barrier()  # leave together: a rank tearing down gloo while another still talks to it can abort
         dist.destroy_process_group()

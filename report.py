@@ -1,0 +1,148 @@
+"""
+How a run reports. The loop makes one call per event (start, eval, step, sample, note, summary); this
+module turns each into the progress line or JSON line, the metrics.csv row and the wandb call. Only rank 0
+reports: other ranks get a Reporter that writes nothing. Adding a metric is one edit here.
+"""
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import metrics
+from common import write_json
+
+
+class NoWandb:
+    """Stands in for wandb when it is off, so that no call site needs an `if wandb_log`."""
+
+    def log(self, *args, **kwargs):
+        pass
+
+    def finish(self):
+        pass
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as h:mm:ss."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(it: int, max_iters: int, loss: float, lr: float, tokens_per_sec: float, mfu: float | None,
+                  elapsed: float, eta: float) -> str:
+    """One human-readable progress line."""
+    mfu_text = f" | mfu {mfu * 100:.1f}%" if mfu is not None else ""
+    return (f"iter {it}/{max_iters} ({100 * it / max_iters:.1f}%) | loss {loss:.4f} | lr {lr:.2e} | "
+            f"{tokens_per_sec:,.0f} tok/s{mfu_text} | {format_duration(elapsed)} elapsed, ETA {format_duration(eta)}")
+
+
+def run_info(config: dict, argv: list[str]) -> dict:
+    """What reproduces a run besides its config: the command, the code version and the library versions."""
+    import torch
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True,
+                                    timeout=10).stdout.strip()) if commit else None
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"command": " ".join([os.path.basename(sys.executable)] + argv), "git_commit": commit,
+            "git_dirty": dirty, "torch": torch.__version__, "python": sys.version.split()[0],
+            "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
+
+
+class Reporter:
+    def __init__(self, out_dir: str, log_format: str, active: bool):
+        self.out_dir, self.format, self.active = out_dir, log_format, active
+        self.wandb, self.samples, self.eta_announced = NoWandb(), [], False
+
+    def print(self, text: str):
+        if self.active:
+            print(text, flush=True)
+
+    def start(self, config: dict, info: dict, truncate_at: int | None, wandb_settings: dict | None) -> str | None:
+        """Write config.json and run.json, drop metrics rows past truncate_at (None keeps them all, -1 drops
+        them all), start wandb when wandb_settings (project, name, id) are given; returns the wandb run id."""
+        if not self.active:
+            return None
+        run_id = None
+        if wandb_settings is not None:
+            import wandb
+            # the id saved in the checkpoint makes a resumed run continue the same wandb run
+            wandb.init(project=wandb_settings["project"], name=wandb_settings["name"], config=config,
+                       id=wandb_settings["id"], resume="allow")
+            self.wandb, run_id = wandb, wandb.run.id
+        write_json(os.path.join(self.out_dir, "config.json"), dict(sorted(config.items())))
+        write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info})
+        if truncate_at is not None:
+            metrics.truncate(self.out_dir, truncate_at)
+        return run_id
+
+    def eval(self, it: int, tokens: int, lr: float, losses: dict):
+        if not self.active:
+            return
+        if self.format == "json":
+            print(json.dumps({"iter": it, "train_loss": losses["train"], "val_loss": losses["val"]}), flush=True)
+        else:
+            print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "lr": lr, "val_loss": losses["val"],
+                                          "train_eval_loss": losses["train"]})
+        self.wandb.log({"iter": it, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr}, step=it)
+
+    def step(self, it: int, max_iters: int, tokens: int, loss: float, lr: float, grad_norm: float, dt: float,
+             tokens_per_sec: float, mfu: float | None, elapsed: float, steps_done: int, train_time: float):
+        """A log step: dt is the mean time per step since the last one; train_time is this session's
+        training time over its steps_done steps, which gives the ETA."""
+        if not self.active:
+            return
+        eta = train_time / steps_done * (max_iters - it)
+        if self.format == "text":
+            print(progress_line(it, max_iters, loss, lr, tokens_per_sec, mfu, elapsed, eta))
+        elif self.format == "json":
+            print(json.dumps({"iter": it, "max_iters": max_iters, "loss": loss, "lr": lr, "tokens": tokens,
+                              "tokens_per_sec": tokens_per_sec, "mfu": mfu, "grad_norm": grad_norm,
+                              "elapsed_s": elapsed, "eta_s": eta}), flush=True)
+        if not self.eta_announced and steps_done >= min(10, max_iters - (it - steps_done)) and self.format != "json":
+            self.eta_announced = True
+            print(f"estimated time for the remaining {max_iters - it:,} steps: {format_duration(eta)} "
+                  f"({train_time / steps_done * 1000:.1f} ms/step so far, evaluations not included)")
+        metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                                          "dt_ms": dt * 1000, "tokens_per_sec": tokens_per_sec,
+                                          "mfu": mfu if mfu is not None else ""})
+        self.wandb.log({"iter": it, "train/loss_step": loss, "lr": lr, "mfu": mfu or 0.0, "grad_norm": grad_norm},
+                       step=it)
+
+    def sample(self, it: int, text: str):
+        if not self.active:
+            return
+        if self.format == "json":
+            print(json.dumps({"iter": it, "sample": text}), flush=True)
+        else:
+            print(f"---- sample at iter {it} ----\n{text}\n----")
+        with open(os.path.join(self.out_dir, "samples.txt"), "a") as f:
+            f.write(f"---- iter {it} ----\n{text}\n")
+        self.samples.append([it, text])
+        if not isinstance(self.wandb, NoWandb):
+            self.wandb.log({"samples": self.wandb.Table(columns=["iter", "sample"], data=self.samples)}, step=it)
+
+    def summary(self, summary: dict):
+        """Write summary.json and print it: one JSON line, or one sentence."""
+        if not self.active:
+            return
+        write_json(os.path.join(self.out_dir, "summary.json"), summary)
+        if self.format == "json":
+            print(json.dumps({"summary": summary}))
+        else:
+            fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
+            print(f"done: {summary['iters']:,} iters, {summary['tokens']:,} tokens in "
+                  f"{format_duration(summary['wall_time_s'])}; final train/val loss {fmt(summary['final_train_loss'])}/"
+                  f"{fmt(summary['final_val_loss'])}, best val {fmt(summary['best_val_loss'])} at iter "
+                  f"{summary['best_iter']}; "
+                  + (f"{summary['mean_tokens_per_sec']:,.0f} tok/s" if summary["mean_tokens_per_sec"] else "no steps")
+                  + (f", mfu {summary['mean_mfu'] * 100:.1f}%" if summary["mean_mfu"] else "")
+                  + f"; checkpoint {summary['checkpoint']}; summary in {self.out_dir}/summary.json")
+
+    def finish(self):
+        self.wandb.finish()
