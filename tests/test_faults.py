@@ -50,8 +50,11 @@ def start(data_dir, out_dir, cwd, **overrides):
 def wait_for_iter(out_dir, iter_num, proc, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if os.path.exists(os.path.join(out_dir, "metrics.csv")) and max(losses(out_dir), default=0) >= iter_num:
-            return
+        try:
+            if max(losses(out_dir), default=0) >= iter_num:
+                return
+        except (OSError, KeyError, ValueError):  # not written yet, or caught halfway through a line
+            pass
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     raise TimeoutError(f"no iter {iter_num} in {out_dir}")
@@ -250,7 +253,7 @@ def one_line_error(result):
     (["--batch_size=big"], "config key 'batch_size' in flag '--batch_size=big' must be int"),
     (["--lerning_rate=1"], "did you mean 'learning_rate'"),
     (["no_such_config.py"], "config file 'no_such_config.py' not found"),
-    (["--block_size=200000"], "block_size 200000 is not shorter than the val split"),
+    (["--block_size=1000000"], "block_size 1000000 is not shorter than the val split"),  # val < 1M < train
     (["--n_layer=3", "--init_from=resume"], "resuming a checkpoint of another model shape: n_layer=3 (checkpoint: 2)"),
     (["--dtype=float64"], "dtype 'float64' is not one of"),
     (["--device=cuda"], "CUDA is not available"),

