@@ -48,8 +48,9 @@ def save_checkpoint(checkpoint: dict, path: str):
                         "checkpoint is unchanged; free disk space or choose another out_dir") from e
 
 
-CHECKPOINT_KEYS = {"model", "optimizer", "scaler", "model_args", "iter_num", "tokens", "best_val_loss", "best_iter",
-                   "config", "rng_states", "wandb_run_id", "evaluated"}
+PROGRESS_KEYS = ("iter_num", "tokens", "best_val_loss", "best_iter")  # where the run stands
+CHECKPOINT_KEYS = {"model", "optimizer", "scaler", "model_args", "config", "rng_states", "wandb_run_id", "evaluated",
+                   *PROGRESS_KEYS}
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
 
 
@@ -107,3 +108,28 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
         steps = sorted(f for f in os.listdir(out_dir) if f.startswith("ckpt_") and f.endswith(".pt"))
         for old in steps[:-keep_last_n]:
             os.remove(os.path.join(out_dir, old))
+
+
+def training_state(model: torch.nn.Module, optimizer, scaler, model_args: dict, config: dict, progress: dict,
+                   rng_states: list[dict], wandb_run_id: str | None, evaluated: bool) -> dict:
+    """The whole state of a run, as save_checkpoint writes it and restore_training_state puts it back: the
+    unwrapped model's weights (no _orig_mod. or module. prefixes), optimizer and scaler state, the model's
+    shape, the config, progress (PROGRESS_KEYS), every rank's RNG streams, the wandb run id, and whether
+    the step was evaluated before the save."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+            "model_args": model_args, "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id,
+            "evaluated": evaluated, **{k: progress[k] for k in PROGRESS_KEYS}}
+
+
+def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, optimizer, scaler, rank: int,
+                           world_size: int, device_type: str) -> dict:
+    """Put a checkpoint's weights, optimizer and scaler state back, and this rank's RNG streams when the world
+    size is the one that saved them. Returns the progress (PROGRESS_KEYS), wandb_run_id, evaluated, and
+    rng_restored (False under another world size: the caller seeds fresh streams)."""
+    load_model_state(model, checkpoint["model"], path)
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scaler.load_state_dict(checkpoint["scaler"])
+    rng_restored = len(checkpoint["rng_states"]) == world_size
+    if rng_restored:  # each rank continues its own dropout stream
+        set_rng_state(checkpoint["rng_states"][rank], device_type)
+    return {**{k: checkpoint[k] for k in (*PROGRESS_KEYS, "wandb_run_id", "evaluated")}, "rng_restored": rng_restored}

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from checkpoint import (SHAPE_KEYS, check_resume_shape, gather_rng_states, load_checkpoint, load_model_state,
-                        publish_checkpoint, save_checkpoint, set_rng_state)
+from checkpoint import (PROGRESS_KEYS, SHAPE_KEYS, check_resume_shape, gather_rng_states, load_checkpoint,
+                        publish_checkpoint, restore_training_state, save_checkpoint, training_state)
 from common import UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops, resolve_dtype
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from model import GPT, GPTConfig
@@ -234,14 +234,7 @@ if __name__ == "__main__":
         model = GPT(GPTConfig(**model_args))
     elif init_from == "resume":
         model_args["vocab_size"] = checkpoint["model_args"]["vocab_size"]  # the rest of its shape is in config now
-        model = GPT(GPTConfig(**model_args))
-        load_model_state(model, checkpoint["model"], ckpt_path)
-        iter_num, tokens_seen = checkpoint["iter_num"], checkpoint["tokens"]
-        best_val_loss, best_iter = checkpoint["best_val_loss"], checkpoint["best_iter"]
-        if len(checkpoint["rng_states"]) == world_size:  # each rank continues its own dropout stream
-            set_rng_state(checkpoint["rng_states"][rank], device_type)
-        else:  # another world size: fresh streams, still a function of (seed, step, rank)
-            torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
+        model = GPT(GPTConfig(**model_args))  # its state is restored with the optimizer's, below
     elif init_from.startswith("gpt2"):
         model = GPT.from_pretrained(init_from, dict(dropout=dropout))
         for k in SHAPE_KEYS:
@@ -255,19 +248,22 @@ if __name__ == "__main__":
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     model.to(device)
+
+    # ---- optimizer, and the rest of a resumed run's state
+    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))  # fp16 needs loss scaling, bf16 not
+    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+    wandb_run_id, skip_first_eval = None, False
+    if checkpoint is not None:
+        state = restore_training_state(checkpoint, ckpt_path, model, optimizer, scaler, rank, world_size, device_type)
+        iter_num, tokens_seen, best_val_loss, best_iter = (state[k] for k in PROGRESS_KEYS)
+        wandb_run_id = state["wandb_run_id"]
+        skip_first_eval = state["evaluated"] and not eval_only  # the checkpoint was written right after this eval
+        if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
+            torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
+        checkpoint = None  # free the CPU copy
     print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {max_iters:,} steps of {tokens_per_iter:,} tokens "
            f"({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens planned; "
            f"starting at iteration {iter_num}; world size {world_size}, {device}, {dtype}, compile {compile}")
-
-    # ---- optimizer
-    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))  # fp16 needs loss scaling, bf16 not
-    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-    if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scaler.load_state_dict(checkpoint["scaler"])
-    wandb_run_id = checkpoint["wandb_run_id"] if checkpoint else None
-    skip_first_eval = bool(checkpoint and checkpoint["evaluated"]) and not eval_only  # done before the save
-    checkpoint = None  # free the CPU copy
 
     # ---- compile and DDP wrap
     raw_model = model  # what gets saved: no _orig_mod. or module. prefixes
@@ -296,12 +292,9 @@ if __name__ == "__main__":
         """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it."""
         rng_states = gather_rng_states(device_type, world_size)
         if master_process:
-            save_checkpoint({
-                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                "model_args": model_args, "iter_num": iter_num, "tokens": tokens_seen, "best_val_loss": best_val_loss,
-                "best_iter": best_iter,
-                "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id, "evaluated": evaluated,
-            }, os.path.join(out_dir, "ckpt.pt"))
+            progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
+            save_checkpoint(training_state(raw_model, optimizer, scaler, model_args, config, progress, rng_states,
+                                           wandb_run_id, evaluated), os.path.join(out_dir, "ckpt.pt"))
             publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
             report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
 
