@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common import UserError, atomic_write
+from common import UserError, atomic_write, replace_durably
 
 
 def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
@@ -103,7 +103,7 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
             os.link(latest, tmp)  # a second name for the same bytes: no copy, and ckpt.pt's next rename leaves it
         except OSError:
             shutil.copyfile(latest, tmp)
-        os.replace(tmp, os.path.join(out_dir, name))
+        replace_durably(tmp, os.path.join(out_dir, name))
     if keep_last_n > 0:
         steps = sorted(f for f in os.listdir(out_dir) if f.startswith("ckpt_") and f.endswith(".pt"))
         for old in steps[:-keep_last_n]:

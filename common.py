@@ -93,27 +93,35 @@ def peak_flops(device) -> float | None:
 
 # ---- files
 
-@contextmanager
-def atomic_write(path: str, mode: str = "w", **open_kwargs):
-    """Open a temporary file beside path; when the block ends without error, flush it to disk, rename it over
-    path and make the rename durable. A crash at any moment leaves the old file or the new one, whole; an
-    error (a full disk) removes the temporary file and leaves the old one."""
-    tmp = f"{path}.tmp"
+def replace_durably(tmp: str, path: str):
+    """Flush the finished file tmp to disk, rename it over path, and make the rename itself durable: after a
+    crash at any moment, path holds the old file or the new one, whole."""
+    fd = os.open(tmp, os.O_RDONLY)
     try:
-        with open(tmp, mode, **open_kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
     directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+@contextmanager
+def atomic_write(path: str, mode: str = "w", **open_kwargs):
+    """Open a temporary file beside path; when the block ends without error, put it in place with
+    replace_durably. An error (a full disk) removes the temporary file and leaves the old one."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, mode, **open_kwargs) as f:
+            yield f
+        replace_durably(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def write_json(path: str, obj: dict, indent: int = 2):

@@ -29,6 +29,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
+from common import replace_durably  # noqa: E402
 from dataset import write_meta  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
@@ -183,7 +184,7 @@ class TokenWriter:
         if self.handle:
             self.handle.close()
         for name in self.files:
-            os.replace(os.path.join(self.out_dir, name + ".tmp"), os.path.join(self.out_dir, name))
+            replace_durably(os.path.join(self.out_dir, name + ".tmp"), os.path.join(self.out_dir, name))
         return {"files": self.files, "tokens": sum(self.counts), "file_tokens": self.counts, "documents": self.documents}
 
 

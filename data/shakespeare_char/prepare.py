@@ -23,6 +23,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root, for data.prepare
 from data.prepare import CharCodec, TokenWriter  # noqa: E402
+from common import atomic_write  # noqa: E402
 from dataset import write_meta  # noqa: E402
 from tokenizer import download_sdist  # noqa: E402
 
@@ -92,7 +93,7 @@ def prepare(text: str, out_dir: str, source: str = "text given to prepare()") ->
         splits[split] = writer.finish()
     write_meta(out_dir, {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
                          "max_token_id": int(ids.max()), "splits": splits, "source": describe_text(text, source), "chars": chars})
-    with open(os.path.join(out_dir, "meta.pkl"), "wb") as f:
+    with atomic_write(os.path.join(out_dir, "meta.pkl"), "wb") as f:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
     return {"chars": len(text), "vocab_size": len(chars), "train": n_train, "val": len(ids) - n_train}
 
