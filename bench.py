@@ -10,7 +10,7 @@ model.PEAK_FLOPS):
 
 The data pipeline, on CPU:
 
-    python bench.py --mode=get_batch --batch_size=64  # train.get_batch against nanoGPT's row-by-row loop
+    python bench.py --mode=get_batch --batch_size=64  # dataset.get_batch against nanoGPT's row-by-row loop
     python bench.py --mode=prepare --corpus_mb=300    # data/prepare.py against a one-process encode loop
 """
 import glob
@@ -76,7 +76,7 @@ def get_batch_rows(path: str, dtype, batch_size: int, block_size: int, generator
 
 
 def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: int = 200):
-    """Microseconds per batch of train.get_batch and of the row-by-row loop, on uint16 and uint32 files."""
+    """Microseconds per batch of dataset.get_batch and of the row-by-row loop, on uint16 and uint32 files."""
     from dataset import get_batch
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in (np.uint16, np.uint32):

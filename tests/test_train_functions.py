@@ -1,4 +1,4 @@
-"""train.py's functions, called directly: importing train.py starts nothing."""
+"""The trainer's functions (train.py, dataset.py), called directly: importing them starts nothing."""
 import json
 import os
 
