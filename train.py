@@ -192,7 +192,7 @@ if __name__ == "__main__":
     rank, local_rank, world_size, device = setup_distributed(device, backend, ddp_timeout)
     ddp = world_size > 1
     master_process = rank == 0  # only rank 0 writes files and prints
-    print0 = print if master_process else lambda *args, **kwargs: None
+    report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
     if gradient_accumulation_steps % world_size:
         raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
                         f"world size {world_size}: make it a multiple of the number of processes")
@@ -214,7 +214,7 @@ if __name__ == "__main__":
 
     # ---- data
     data = load_dataset(dataset, block_size)
-    print0(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
+    report.print(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
            f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
            f"vocab_size {data['vocab_size'] or 'unknown'}")
 
@@ -261,7 +261,7 @@ if __name__ == "__main__":
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
         checkpoint = None  # free the CPU copy
-    print0(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {max_iters:,} steps of {tokens_per_iter:,} tokens "
+    report.print(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {max_iters:,} steps of {tokens_per_iter:,} tokens "
            f"({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens planned; "
            f"starting at iteration {iter_num}; world size {world_size}, {device}, {dtype}, compile {compile}")
 
@@ -271,7 +271,7 @@ if __name__ == "__main__":
     if problem:
         print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
     elif compile:
-        print0("compiling the model...")
+        report.print("compiling the model...")
         model = torch.compile(model)
     eval_model = model
     if ddp:
@@ -299,7 +299,6 @@ if __name__ == "__main__":
             report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
 
     # ---- the run's files are written only now that every input has been checked
-    report = Reporter(out_dir, log_format, active=master_process)
     wandb_run_id = report.start(
         config, dict(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
                      tokens_per_iter=tokens_per_iter, start_iter=iter_num),
