@@ -1,7 +1,7 @@
 """
 Benchmarks. By default, times training steps (forward, backward, optimizer step) of any model config,
 warm-up excluded, and prints ms/iter, tokens/s and MFU (where the device's peak FLOP/s is known; see
-model.PEAK_FLOPS):
+common.PEAK_FLOPS):
 
     python bench.py                                   # GPT-2 124M, batch 12 x 1024, synthetic tokens
     python bench.py --real_data=True --dataset=openwebtext

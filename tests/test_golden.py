@@ -4,11 +4,10 @@ why in the commit:  GOLDEN_REGENERATE=1 python -m pytest tests/test_golden.py"""
 import hashlib
 import json
 import os
-import random
 
 import torch
 
-from conftest import ROOT, load_module, read_metrics, run_script, step_losses
+from conftest import ROOT, load_module, made_up_text, read_metrics, run_script, step_losses
 
 GOLDEN = os.path.join(ROOT, "tests", "golden", "tiny_char_run.json")
 SETTINGS = dict(device="cpu", compile=False, dtype="float32", n_layer=2, n_head=2, n_embd=32, block_size=32,
@@ -17,16 +16,9 @@ SETTINGS = dict(device="cpu", compile=False, dtype="float32", n_layer=2, n_head=
                 seed=1234, wandb_log=False)
 
 
-def golden_text() -> str:
-    """Made-up words from a fixed seed: the same text on every machine, no download."""
-    rng = random.Random(7)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 7))) for _ in range(200)]
-    return " ".join(rng.choice(words) + ("\n" if rng.random() < 0.1 else "") for _ in range(20_000))
-
-
 def test_tiny_run_reproduces_the_golden_losses_and_weights(tmp_path):
     data, out = str(tmp_path / "data"), str(tmp_path / "out")
-    load_module("data/shakespeare_char/prepare.py").prepare(golden_text(), data)
+    load_module("data/shakespeare_char/prepare.py").prepare(made_up_text(7, 200, 7, 20_000), data)
     result = run_script("train.py", f"--dataset={data}", f"--out_dir={out}",
                         *[f"--{k}={v}" for k, v in SETTINGS.items()], cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr

@@ -45,7 +45,7 @@ if __name__ == "__main__":
     parser.add_argument("--gpt2_tiktoken", help="GPT-2's rank file (gpt2.tiktoken), for machines without network")
     args = parser.parse_args()
     text, source = load_text(args.input, here=HERE)
-    print(describe_text(text, source))
     meta = prepare(text, args.out_dir, args.gpt2_tiktoken, source)
+    print(meta["source"])
     print(f"train {meta['splits']['train']['tokens']:,} tokens, val {meta['splits']['val']['tokens']:,} tokens "
           f"-> {args.out_dir}")

