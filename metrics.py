@@ -1,8 +1,12 @@
 """
 The one owner of metrics.csv, a run's row-per-event log: its columns, appending a row, dropping rows a
 resumed run will redo, and reading it back (plot.py and the tests read it through here).
+
+A kill in the middle of an append can leave a last line without its newline. That torn row is never
+read (a cut number would read as a wrong one) and the next append removes it before writing.
 """
 import csv
+import io
 import os
 
 from common import UserError, atomic_write
@@ -14,27 +18,54 @@ def metrics_path(out_dir: str) -> str:
     return os.path.join(out_dir, "metrics.csv")
 
 
+def whole_length(path: str) -> int:
+    """The length of the file up to the end of its last complete line (0 when it has none)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        while end > 0:  # search backwards, a block at a time, for the last newline
+            start = max(0, end - 4096)
+            f.seek(start)
+            block = f.read(end - start)
+            if b"\n" in block:
+                return start + block.rindex(b"\n") + 1
+            end = start
+    return 0
+
+
 def append_row(out_dir: str, row: dict):
-    """Append one row (a subset of COLUMNS; the rest stay blank), writing the header first when the file is new."""
+    """Append one row (a subset of COLUMNS; the rest stay blank), writing the header first when the file is
+    new, and cutting off a torn last line first when there is one."""
     path = metrics_path(out_dir)
-    new = not os.path.exists(path) or os.path.getsize(path) == 0
     with open(path, "a", newline="") as f:
+        whole = whole_length(path)
+        if whole < f.tell():
+            f.truncate(whole)
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new:
+        if whole == 0:
             writer.writeheader()
         writer.writerow(row)
 
 
 def read_rows(out_dir: str) -> list[dict]:
-    """Every row as a dict of strings ('' where blank); a UserError when the file is missing or not metrics.csv."""
+    """Every whole row as a dict of strings ('' where blank); a UserError when the file is missing, is not
+    metrics.csv, or has a row that is not numbers."""
     path = metrics_path(out_dir)
     if not os.path.isfile(path):
         raise UserError(f"{path} not found: give the out_dir of a run")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        rows, columns = list(reader), reader.fieldnames
+    with open(path, "rb") as f:
+        text = f.read(whole_length(path)).decode("utf-8", errors="replace")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows, columns = list(reader), reader.fieldnames
     if columns is None or "iter" not in columns:
         raise UserError(f"{path} is empty or has no header with an iter column: not a run's metrics.csv")
+    for line, row in enumerate(rows, 2):
+        for key, value in row.items():
+            try:
+                float(value or 0)
+            except (TypeError, ValueError):
+                raise UserError(f"{path} line {line} is damaged ({key}={value!r} is not a number): delete that "
+                                "line") from None
     return rows
 
 
