@@ -12,7 +12,7 @@ import os
 import sys
 
 import metrics
-from common import UserError
+from common import UserError, atomic_write
 
 
 def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
@@ -69,8 +69,13 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
     axes[0, 0].legend(fontsize=8)
     axes[-1, 0].set_xlabel("tokens")
     fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_write(out_path, "wb") as f:  # a failed write leaves an earlier plot whole
+            fig.savefig(f, format=os.path.splitext(out_path)[1][1:], dpi=110)
+    except OSError as e:
+        raise UserError(f"cannot write {out_path} ({e.strerror or e}): choose another --out") from None
+    finally:
+        plt.close(fig)
 
 
 if __name__ == "__main__":
@@ -83,6 +88,9 @@ if __name__ == "__main__":
     if not 0 <= args.smooth < 1:
         sys.exit(f"error: --smooth {args.smooth} is not in [0, 1)")
     out_path = args.out or os.path.join(args.out_dirs[0], "plot.png")
+    if not out_path.endswith((".png", ".pdf", ".svg")):
+        sys.exit(f"error: --out {out_path} does not end in .png, .pdf or .svg: name an image file (this also keeps "
+                 "a run's other files from being overwritten)")
     try:
         plot_runs(args.out_dirs, out_path, args.smooth, args.logx)
     except (UserError, ImportError) as e:
