@@ -13,23 +13,28 @@ import pickle
 
 import numpy as np
 
-from common import UserError, atomic_write
+from common import UserError, atomic_write, replace_durably
 
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.json has; readers may need more
 
 
 def write_meta(out_dir: str, meta: dict):
-    """Write meta.json, and delete token files of the same splits that an earlier prepare left behind."""
-    missing = [k for k in META_KEYS if k not in meta]
-    if missing:
-        raise ValueError(f"meta.json needs {missing}")
+    """Finish a prepare: rename its token files from their .tmp names into place, write meta.json, then delete
+    token files of the same splits that an earlier prepare left behind. Called only when the whole job has
+    succeeded, so a failed prepare leaves the earlier dataset as it was."""
+    problem = meta_problem(meta)
+    if problem:
+        raise ValueError(f"meta.json {problem}")
     keep = {name for split in meta["splits"].values() for name in split["files"]}
+    for name in sorted(keep):
+        if os.path.exists(os.path.join(out_dir, name + ".tmp")):
+            replace_durably(os.path.join(out_dir, name + ".tmp"), os.path.join(out_dir, name))
+    with atomic_write(os.path.join(out_dir, "meta.json")) as f:
+        json.dump(meta, f, indent=1)
     for split in meta["splits"]:
         for stale in glob.glob(os.path.join(out_dir, f"{split}.bin")) + glob.glob(os.path.join(out_dir, f"{split}_*.bin")):
             if os.path.basename(stale) not in keep:
                 os.remove(stale)
-    with atomic_write(os.path.join(out_dir, "meta.json")) as f:
-        json.dump(meta, f, indent=1)
 
 
 def read_meta(data_dir: str) -> dict | None:
@@ -42,10 +47,32 @@ def read_meta(data_dir: str) -> dict | None:
             meta = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}): prepare the dataset again") from None
-    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else list(META_KEYS)
-    if missing or any(s not in meta["splits"] for s in ("train", "val")):
-        raise UserError(f"{path} lacks {missing or 'a train or val split'}: prepare the dataset again")
+    problem = meta_problem(meta)
+    if problem:
+        raise UserError(f"{path} {problem}: prepare the dataset again")
     return meta
+
+
+def meta_problem(meta) -> str | None:
+    """What is wrong with a meta.json's contents, or None: the keys every reader needs, a token dtype that
+    get_batch reads, and for each split a list of file names with a token count each."""
+    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else list(META_KEYS)
+    if missing:
+        return f"lacks {missing}"
+    if meta["tokenizer"] not in ("gpt2", "char"):
+        return f"gives tokenizer {meta['tokenizer']!r}, not gpt2 or char"
+    if meta["dtype"] not in ("uint16", "uint32"):
+        return f"gives dtype {meta['dtype']!r}, not uint16 or uint32"
+    if not (isinstance(meta["vocab_size"], int) and meta["vocab_size"] > 0):
+        return f"gives vocab_size {meta['vocab_size']!r}, not a positive integer"
+    for split in ("train", "val"):
+        entry = meta["splits"].get(split) if isinstance(meta["splits"], dict) else None
+        if not (isinstance(entry, dict) and isinstance(entry.get("files"), list) and isinstance(entry.get("file_tokens"), list)
+                and len(entry["files"]) == len(entry["file_tokens"]) > 0):
+            return f"has no {split} split with a list of files and their token counts"
+    if "chars" in meta and not (isinstance(meta["chars"], str) and len(meta["chars"]) <= meta["vocab_size"]):
+        return "gives chars that are not a string within vocab_size"
+    return None
 
 
 def read_meta_pkl(data_dir: str) -> dict | None:
@@ -55,9 +82,25 @@ def read_meta_pkl(data_dir: str) -> dict | None:
         return None
     try:
         with open(path, "rb") as f:
-            return pickle.load(f)
-    except (pickle.UnpicklingError, EOFError) as e:
-        raise UserError(f"{path} is torn or not a pickle ({e}): prepare the dataset again") from None
+            meta = pickle.load(f)
+    except Exception as e:  # a torn or foreign pickle raises any of several types
+        raise UserError(f"{path} is torn or not a pickle ({e.__class__.__name__}): prepare the dataset again") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("vocab_size"), int) and isinstance(meta.get("itos"), dict)
+            and sorted(meta["itos"]) == list(range(len(meta["itos"])))):
+        raise UserError(f"{path} lacks vocab_size or an itos table of ids 0..n-1: prepare the dataset again")
+    return meta
+
+
+def vocabulary(data_dir: str) -> dict:
+    """{'tokenizer', 'chars'} of a dataset folder: from meta.json, else from nanoGPT's meta.pkl (a character
+    dataset); None for what is unknown (a nanoGPT folder without meta.pkl)."""
+    meta = read_meta(data_dir)
+    if meta is not None:
+        return {"tokenizer": meta["tokenizer"], "chars": meta.get("chars")}
+    pkl = read_meta_pkl(data_dir)
+    if pkl is not None:
+        return {"tokenizer": "char", "chars": "".join(pkl["itos"][i] for i in range(len(pkl["itos"])))}
+    return {"tokenizer": None, "chars": None}
 
 
 def find_dataset(dataset: str) -> str:
@@ -94,8 +137,9 @@ def max_token_id(paths: list[str], dtype, chunk: int = 1 << 26) -> int:
 
 
 def load_dataset(dataset: str, block_size: int) -> dict:
-    """A dataset's token files, checked: {'dtype', 'vocab_size' (None if unknown), 'max_token_id',
-    'splits': {'train': [(path, n_tokens), ...], 'val': [...]}}. meta.json (written by data/prepare.py)
+    """A dataset's token files, checked: {'dir', 'dtype', 'vocab_size' (None if unknown), 'max_token_id',
+    'vocabulary' ({'tokenizer', 'chars'}, None where unknown), 'splits': {'train': [(path, n_tokens), ...],
+    'val': [...]}}. meta.json (written by data/prepare.py)
     gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and val.bin as
     uint16, with the vocabulary from meta.pkl if there is one."""
     data_dir = find_dataset(dataset)
@@ -123,7 +167,9 @@ def load_dataset(dataset: str, block_size: int) -> dict:
         splits[split] = list(zip(paths, counts))
     if max_id is None:
         max_id = max_token_id(files["train"] + files["val"], dtype)
-    return {"dir": data_dir, "dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id, "splits": splits}
+    return {"dir": data_dir, "dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id,
+            "vocabulary": vocabulary(data_dir),
+            "splits": splits}
 
 
 EVAL_STREAM = 2**32  # first element of evaluation batch keys; training keys start with the (smaller) seed

@@ -16,7 +16,7 @@ import tempfile
 import tiktoken
 
 from common import UserError, atomic_write
-from dataset import read_meta, read_meta_pkl
+from dataset import vocabulary
 
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"
@@ -37,7 +37,7 @@ def encoding_from_ranks(path: str) -> tiktoken.Encoding:
     try:
         ranks = load_tiktoken_bpe(path, expected_hash=GPT2_SHA256)  # tiktoken checks the sha256 itself
     except ValueError:
-        raise ValueError(f"{path} is not GPT-2's rank file (its sha256 is not {GPT2_SHA256[:12]}...)") from None
+        raise UserError(f"{path} is not GPT-2's rank file (its sha256 is not {GPT2_SHA256[:12]}...)") from None
     return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=EOT + 1)
 
@@ -65,7 +65,7 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
     rank_file = rank_file or os.environ.get("NANOGPT_GPT2_TIKTOKEN")
     if rank_file:
         if not os.path.isfile(rank_file):
-            raise FileNotFoundError(f"GPT-2 rank file {rank_file} not found")
+            raise UserError(f"GPT-2 rank file {rank_file} not found: give the path of gpt2.tiktoken")
         return encoding_from_ranks(rank_file)
     failures = []
     try:
@@ -80,7 +80,7 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
                   file=sys.stderr)
         except (OSError, subprocess.SubprocessError, StopIteration) as e:
             failures.append(f"{WHISPER_SDIST} from the package index: {e.__class__.__name__}")
-            raise RuntimeError(f"cannot load GPT-2's encoding ({'; '.join(failures)}): download gpt2.tiktoken "
+            raise UserError(f"cannot load GPT-2's encoding ({'; '.join(failures)}): download gpt2.tiktoken "
                                "(whisper/assets/ in openai-whisper) and set NANOGPT_GPT2_TIKTOKEN to its path") from e
     return encoding_from_ranks(cached)
 
@@ -88,11 +88,7 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
 def dataset_codec(data_dir: str | None):
     """(encode, decode) for a dataset folder: its characters when it is a character dataset (meta.json's
     chars, or nanoGPT's meta.pkl), else GPT-2's BPE. None stands for a GPT-2 model without a dataset."""
-    chars, meta = None, read_meta(data_dir) if data_dir else None
-    if meta is not None:
-        chars = meta.get("chars")
-    elif data_dir and (pkl := read_meta_pkl(data_dir)) is not None:
-        chars = "".join(pkl["itos"][i] for i in range(len(pkl["itos"])))
+    chars = vocabulary(data_dir)["chars"] if data_dir else None
     if chars is not None:
         stoi = {c: i for i, c in enumerate(chars)}
 

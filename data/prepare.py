@@ -29,7 +29,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
-from common import replace_durably  # noqa: E402
+from common import UserError  # noqa: E402
 from dataset import write_meta  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
@@ -38,7 +38,7 @@ TXT_PIECE_CHARS = 1 << 20  # cut .txt files into documents of about this many ch
 BATCH_CHARS = 4 << 20  # characters handed to a worker at a time
 
 
-class PrepareError(ValueError):
+class PrepareError(UserError):
     """Bad input to prepare; the CLI prints it on one line."""
 
 
@@ -71,22 +71,44 @@ def split_paragraphs(text: str, max_chars: int = TXT_PIECE_CHARS) -> Iterator[st
     yield text[start:]
 
 
+def read_text(path: str) -> str:
+    """A text file's contents, or a PrepareError when it is not UTF-8 text (a binary file, another encoding)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PrepareError(f"{path} is not UTF-8 text (byte {e.start} is 0x{raw[e.start]:02x}): convert it to UTF-8, "
+                           "or leave it out of --input") from None
+    if "\x00" in text:
+        raise PrepareError(f"{path} holds NUL bytes, so it is binary, not text: leave it out of --input")
+    return text.replace("\r\n", "\n")
+
+
 def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
-    """The documents of each file in turn (see the module docstring for what a document is)."""
+    """The non-blank documents of each file in turn (see the module docstring for what a document is)."""
     for path in files:
         if path.endswith(".txt"):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                yield from split_paragraphs(f.read())
+            yield from (doc for doc in split_paragraphs(read_text(path)) if doc.strip())
         elif path.endswith(".jsonl"):
-            with open(path, encoding="utf-8") as f:
-                for line_number, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        yield json.loads(line)[text_field]
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        raise PrepareError(f"{path} line {line_number}: not a JSON object with a '{text_field}' "
-                                           "field (set --text_field)") from None
+            with open(path, encoding="utf-8", errors="strict") as f:
+                try:
+                    lines = list(enumerate(f, 1))
+                except UnicodeDecodeError:
+                    raise PrepareError(f"{path} is not UTF-8 text: convert it to UTF-8") from None
+            for line_number, line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    text = json.loads(line)[text_field]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise PrepareError(f"{path} line {line_number}: not a JSON object with a '{text_field}' "
+                                       "field (set --text_field)") from None
+                if not isinstance(text, str):
+                    raise PrepareError(f"{path} line {line_number}: '{text_field}' is a {type(text).__name__}, "
+                                       "not a string")
+                if text.strip():
+                    yield text
         else:
             try:
                 import pyarrow.parquet as pq
@@ -97,7 +119,11 @@ def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
                 raise PrepareError(f"{path} has no column '{text_field}' (columns: {parquet.schema_arrow.names}); "
                                    "set --text_field")
             for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
-                yield from batch.column(0).to_pylist()
+                for text in batch.column(0).to_pylist():
+                    if not isinstance(text, (str, type(None))):
+                        raise PrepareError(f"{path}: column '{text_field}' holds {type(text).__name__}, not strings")
+                    if text and text.strip():
+                        yield text
 
 
 def goes_to_val(text: str, val_fraction: float, seed: int) -> bool:
@@ -154,8 +180,8 @@ def batches(documents: Iterable[str], max_chars: int = BATCH_CHARS) -> Iterator[
 
 class TokenWriter:
     """Appends token ids to {split}.bin, or to shards {split}_000.bin, ... of shard_tokens tokens each.
-    Files are written under .tmp names and renamed by finish(), so a stopped prepare leaves no half file
-    under a name train.py reads."""
+    Files are written under .tmp names; dataset.write_meta renames them into place once the whole job has
+    succeeded, so a failed or stopped prepare leaves the dataset that was there as it was."""
 
     def __init__(self, out_dir: str, split: str, dtype, shard_tokens: int = 0):
         self.out_dir, self.split, self.dtype, self.shard_tokens = out_dir, split, np.dtype(dtype), shard_tokens
@@ -181,11 +207,18 @@ class TokenWriter:
             self.counts[-1] += len(part)
 
     def finish(self) -> dict:
+        """Close the last file; returns this split's entry for meta.json."""
+        if self.handle:
+            self.handle.close()
+        return {"files": self.files, "tokens": sum(self.counts), "file_tokens": self.counts, "documents": self.documents}
+
+    def discard(self):
+        """Remove the .tmp files of a job that failed."""
         if self.handle:
             self.handle.close()
         for name in self.files:
-            replace_durably(os.path.join(self.out_dir, name + ".tmp"), os.path.join(self.out_dir, name))
-        return {"files": self.files, "tokens": sum(self.counts), "file_tokens": self.counts, "documents": self.documents}
+            if os.path.exists(os.path.join(self.out_dir, name + ".tmp")):
+                os.remove(os.path.join(self.out_dir, name + ".tmp"))
 
 
 def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt2", chars: str | None = None,
@@ -196,9 +229,13 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
     if tokenizer not in ("gpt2", "char"):
         raise PrepareError(f"tokenizer '{tokenizer}' is not gpt2 or char")
     if tokenizer == "char" and not chars:
-        raise PrepareError("the char tokenizer needs the alphabet (chars)")
-    if not 0 <= val_fraction < 1:
-        raise PrepareError(f"val_fraction {val_fraction} is not in [0, 1)")
+        raise PrepareError("the char tokenizer needs an alphabet, and the corpus has no non-blank document to take "
+                           "it from: check --input")
+    if not 0 < val_fraction < 1:
+        raise PrepareError(f"--val_fraction {val_fraction} is not in (0, 1): train.py needs a val split")
+    if shard_tokens < 0 or workers < 0:
+        raise PrepareError(f"--shard_tokens {shard_tokens} and --workers {workers} must be >= 0 (0: one file per "
+                           "split, one worker per core)")
     if tokenizer == "gpt2":
         gpt2_encoding(rank_file)  # find (and cache) the rank file once here, not in every worker
     vocab_size = len(chars) + 1 if tokenizer == "char" else EOT + 1
@@ -207,37 +244,49 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
     writers = {split: TokenWriter(out_dir, split, dtype, shard_tokens) for split in ("train", "val")}
     workers = workers or os.cpu_count() or 1
     max_id, n_chars, t0, shown = -1, 0, time.time(), 0.0
-    with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
-                                                   (tokenizer, chars, rank_file, val_fraction, seed)) as pool:
-        pending = collections.deque()  # a few batches in flight: enough to keep workers busy, bounded in memory
+    try:
+        with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
+                                                       (tokenizer, chars, rank_file, val_fraction, seed)) as pool:
+            pending = collections.deque()  # a few batches in flight: enough to keep workers busy, bounded in memory
 
-        def drain_one():
-            nonlocal max_id
-            for is_val, ids in pending.popleft().get():
-                writers["val" if is_val else "train"].write(ids)
-                if len(ids):
-                    max_id = max(max_id, int(ids.max()))
+            def drain_one():
+                nonlocal max_id
+                for is_val, ids in pending.popleft().get():
+                    writers["val" if is_val else "train"].write(ids)
+                    if len(ids):
+                        max_id = max(max_id, int(ids.max()))
 
-        for batch in batches(documents):
-            n_chars += sum(len(d) for d in batch)
-            pending.append(pool.apply_async(_encode_batch, (batch,)))
-            if len(pending) >= 2 * workers:
+            for batch in batches(documents):
+                n_chars += sum(len(d) for d in batch)
+                pending.append(pool.apply_async(_encode_batch, (batch,)))
+                if len(pending) >= 2 * workers:
+                    drain_one()
+                if progress and time.time() - shown > 0.5:
+                    shown = time.time()
+                    tokens = sum(sum(w.counts) for w in writers.values())
+                    print(f"\r{tokens:,} tokens, {n_chars / 1e6:,.0f}M characters, "
+                          f"{tokens / (shown - t0):,.0f} tokens/s", end="", file=sys.stderr, flush=True)
+            while pending:
                 drain_one()
-            if progress and time.time() - shown > 0.5:
-                shown = time.time()
-                tokens = sum(sum(w.counts) for w in writers.values())
-                print(f"\r{tokens:,} tokens, {n_chars / 1e6:,.0f}M characters, "
-                      f"{tokens / (shown - t0):,.0f} tokens/s", end="", file=sys.stderr, flush=True)
-        while pending:
-            drain_one()
-    splits = {split: w.finish() for split, w in writers.items()}
-    if splits["train"]["tokens"] == 0:
-        raise PrepareError("the corpus produced no training tokens: check --input and --val_fraction")
-    meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name, "eot_token": vocab_size - 1,
-            "max_token_id": max_id, "splits": splits, "source": source}
-    if tokenizer == "char":
-        meta["chars"] = chars
-    write_meta(out_dir, meta)
+        splits = {split: w.finish() for split, w in writers.items()}
+        documents = sum(s["documents"] for s in splits.values())
+        if splits["train"]["tokens"] == 0:
+            raise PrepareError(f"the corpus gave no training tokens ({documents} non-blank documents): check --input "
+                               "and --val_fraction")
+        if splits["val"]["tokens"] == 0:
+            raise PrepareError(f"none of the {documents} documents went to val (val_fraction {val_fraction}): add "
+                               "documents or raise --val_fraction")
+        meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name,
+                "eot_token": vocab_size - 1, "max_token_id": max_id, "splits": splits, "source": source}
+        if tokenizer == "char":
+            meta["chars"] = chars
+        write_meta(out_dir, meta)  # puts the new token files in place, then meta.json
+    except BaseException:
+        for writer in writers.values():
+            writer.discard()
+        if shown:
+            print(file=sys.stderr)  # end the progress line, so an error starts a line of its own
+        raise
     if progress:
         elapsed = time.time() - t0
         total = sum(s["tokens"] for s in splits.values())
@@ -267,9 +316,11 @@ if __name__ == "__main__":
     parser.add_argument("--gpt2_tiktoken", default=None, help="path to GPT-2's gpt2.tiktoken rank file, for offline use")
     args = parser.parse_args()
     try:
+        if args.tokenizer == "gpt2" and args.gpt2_tiktoken and not os.path.isfile(args.gpt2_tiktoken):
+            raise PrepareError(f"--gpt2_tiktoken {args.gpt2_tiktoken} is not a file")
         files = list_files(args.input)
         chars = alphabet(iter_documents(files, args.text_field)) if args.tokenizer == "char" else None
         prepare_corpus(iter_documents(files, args.text_field), args.out_dir, args.tokenizer, chars, args.val_fraction,
                        args.seed, args.workers, args.shard_tokens, args.gpt2_tiktoken, source=" ".join(args.input))
-    except PrepareError as e:
+    except UserError as e:  # PrepareError, or a rank file that is not GPT-2's
         sys.exit(f"error: {e}")

@@ -75,17 +75,20 @@ def test_shards_hold_the_same_tokens_as_one_file(tmp_path):
 def test_char_vocabulary_past_uint16_is_written_as_uint32(tmp_path):
     chars = "".join(chr(c) for c in range(0x100, 0x100 + 70_000) if not 0xD800 <= c <= 0xDFFF)
     text = chars + chars[::-1]
-    meta = prepare.prepare_corpus([text], str(tmp_path / "out"), "char", prepare.alphabet([text]), val_fraction=0.0,
-                                  workers=1, progress=False)
-    assert meta["dtype"] == "uint32" and meta["vocab_size"] == len(chars) + 1
+    seed = next(s for s in range(100) if not prepare.goes_to_val(text, 0.5, s) and prepare.goes_to_val("ab", 0.5, s))
+    meta = prepare.prepare_corpus([text, "ab"], str(tmp_path / "out"), "char", prepare.alphabet([text, "ab"]), val_fraction=0.5,
+                                  seed=seed, workers=1, progress=False)
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] == len(chars) + 3
     ids = read_split(tmp_path / "out", "train", meta)
-    assert ids.dtype == np.uint32 and ids[-1] == len(chars) and ids.max() == len(chars)
+    assert ids.dtype == np.uint32 and ids[-1] == len(chars) + 2 and ids.max() == len(chars) + 2
     assert "".join(meta["chars"][i] for i in ids[:-1]) == text
 
 
 def test_small_char_vocabulary_is_uint16(tmp_path):
-    meta = prepare.prepare_corpus(["abc", "cab"], str(tmp_path / "out"), "char", "abc", val_fraction=0.0, workers=1,
-                                  progress=False)
+    seed = next(s for s in range(100) if not any(prepare.goes_to_val(d, 0.5, s) for d in ("abc", "cab"))
+                and prepare.goes_to_val("b", 0.5, s))
+    meta = prepare.prepare_corpus(["abc", "cab", "b"], str(tmp_path / "out"), "char", "abc", val_fraction=0.5,
+                                  seed=seed, workers=1, progress=False)
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 4
     assert read_split(tmp_path / "out", "train", meta).tolist() == [0, 1, 2, 3, 2, 0, 1, 3]
 

