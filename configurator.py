@@ -7,13 +7,24 @@ Arguments are applied left to right. A config file is plain Python whose top-lev
 override the defaults; a flag's value is read as a Python literal, else taken as a string.
 Unknown keys and wrong types are errors (an int is fine where a float is expected), because a
 typo that silently creates a new setting costs a whole run.
+
+A setting's valid values are declared once, at the end of the comment beside it, as a Python condition
+in brackets that may name other settings, e.g.
+
+    min_lr = 6e-5  # floor of the schedule [0 <= min_lr <= learning_rate]
+
+configure() checks every such rule, in the order of the script, before the script touches a file, and
+--help shows them with the comments.
 """
 import ast
 import difflib
 import io
+import math
 import os
+import re
 import sys
 import tokenize
+import traceback
 import types
 
 from common import UserError
@@ -54,14 +65,22 @@ def apply_file(path: str, config: dict) -> dict:
     """Run a config file with the current settings in scope and return the settings it changed."""
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' not found: give a path such as config/train_shakespeare_char.py")
-    with open(path) as f:
-        source = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"config file '{path}' is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
     try:
         code = compile(source, path, "exec")
     except SyntaxError as e:
         raise UserError(f"config file '{path}' line {e.lineno}: syntax error: {e.msg}") from None
     scope = dict(config)
-    exec(code, scope)
+    try:
+        exec(code, scope)
+    except Exception as e:  # a config file is user code: whatever it raises is the user's to fix
+        line = next((frame.lineno for frame in reversed(traceback.extract_tb(e.__traceback__))
+                     if frame.filename == path), "?")
+        raise UserError(f"config file '{path}' line {line} raised {e.__class__.__name__}: {e}") from None
     changed = {}
     for key, value in scope.items():
         if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
@@ -86,26 +105,59 @@ def configure(config: dict, argv: list[str], script: str | None = None) -> dict:
         if not sep:
             raise UserError(f"flag '{arg}' has no value: write --{key}=VALUE")
         config[key] = _checked(key, parse_value(raw, config.get(key)), config, f"flag '{arg}'")
+    if script is not None:
+        check_rules(config, rules(script, config))
     return config
 
 
-def describe(path: str, config: dict) -> str:
-    """--help text: every setting with its default and the comment beside it in the script at path,
-    under the `# ---- section` banners that group them there."""
-    with open(path) as f:
+RULE = re.compile(r"\[([^\[\]]+)\]$")  # a condition in brackets at the very end of a setting's comment
+
+
+def settings_in_source(path: str, config: dict) -> list[tuple[str, str, str]]:
+    """(section heading, setting name, its comment) for each setting assigned at the top of the script at
+    path, in source order; the headings come from `# ---- section` banners."""
+    with open(path, encoding="utf-8") as f:
         tokens = list(tokenize.generate_tokens(io.StringIO(f.read()).readline))
     comments = {tok.start[0]: tok.string.lstrip("#").strip() for tok in tokens if tok.type == tokenize.COMMENT}
-    sections = [("", [])]  # (heading, setting lines); a heading with no settings under it is not printed
+    found, heading = [], ""
     for i, tok in enumerate(tokens):
         row, col = tok.start
         text = comments.get(row, "")
         if tok.type == tokenize.COMMENT and col == 0 and text.startswith("----") and text.strip("- "):
-            sections.append((text.strip("- "), []))
+            heading = text.strip("- ")
         elif (tok.type == tokenize.NAME and col == 0 and tok.string in config
               and i + 1 < len(tokens) and tokens[i + 1].string == "="):
-            sections[-1][1].append(f"  --{tok.string}={config[tok.string]!r}".ljust(40) + (f"  {text}" if text else ""))
-    lines = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]"]
-    for heading, settings in sections:
-        if settings:
-            lines += ([f"\n{heading}:"] if heading else []) + settings
+            found.append((heading, tok.string, text))
+    return found
+
+
+def rules(path: str, config: dict) -> dict[str, str]:
+    """Each setting's rule (the bracketed condition ending its comment) in the script at path."""
+    return {name: match.group(1) for _, name, comment in settings_in_source(path, config)
+            if (match := RULE.search(comment))}
+
+
+def check_rules(config: dict, setting_rules: dict[str, str]):
+    """A UserError for the first setting whose rule is false (or cannot be evaluated) with these settings.
+    `inf` may appear in a rule; NaN fails every comparison, so `0 < x < inf` also means finite."""
+    for name, rule in setting_rules.items():
+        try:
+            ok = eval(compile(rule, f"rule of {name}", "eval"), {"__builtins__": {}, "inf": math.inf}, dict(config))
+        except Exception:  # e.g. n_embd % n_head with n_head 0: the rule cannot hold
+            ok = False
+        if not ok:
+            others = [f"{k}={config[k]!r}" for k in config if k != name and re.search(rf"\b{k}\b", rule)]
+            given = f" (with {', '.join(others)})" if others else ""
+            raise UserError(f"{name}={config[name]!r} is not valid: {name} must satisfy {rule}{given}")
+
+
+def describe(path: str, config: dict) -> str:
+    """--help text: every setting with its default and the comment beside it (rule included) in the script
+    at path, under the `# ---- section` banners that group them there."""
+    lines, last_heading = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]"], ""
+    for heading, name, comment in settings_in_source(path, config):
+        if heading != last_heading:
+            lines.append(f"\n{heading}:")
+            last_heading = heading
+        lines.append(f"  --{name}={config[name]!r}".ljust(40) + (f"  {comment}" if comment else ""))
     return "\n".join(lines)

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from configurator import UserError, configure, describe
+from configurator import UserError, check_rules, configure, describe, rules
 from conftest import run_script
 
 DEFAULTS = {"batch_size": 12, "learning_rate": 6e-4, "compile": True, "wandb_run_name": "gpt2", "out_dir": "out"}
@@ -70,7 +70,8 @@ def test_every_shipped_config_file_applies_to_train_defaults():
     defaults = train.config_defaults
     config_dir = os.path.join(os.path.dirname(train.__file__), "config")
     for name in sorted(os.listdir(config_dir)):
-        configure(defaults, [os.path.join(config_dir, name)])  # raises on any unknown key or wrong type
+        # raises on any unknown key, wrong type or value that breaks a setting's rule
+        configure(defaults, [os.path.join(config_dir, name)], train.__file__)
 
 
 def test_help_lists_each_key_with_default_and_comment():
@@ -97,3 +98,37 @@ def test_a_module_constant_is_not_a_setting(tmp_path):
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["error: unknown config key 'EVAL_STREAM' in flag '--EVAL_STREAM=7'; "
                                                   "see --help for the keys"]
+
+
+@pytest.mark.parametrize("script", ["train", "sample", "bench"])
+def test_every_rule_parses_and_the_defaults_keep_them(script):
+    module = __import__(script)
+    found = rules(module.__file__, module.config_defaults)
+    assert len(found) >= 5  # the sizes, rates and choices of each script have one
+    check_rules(module.config_defaults, found)  # raises if a default breaks its own rule
+
+
+def test_a_rule_may_relate_settings_and_names_them_in_the_error():
+    found = {"learning_rate": "0 < learning_rate < inf", "min_lr": "0 <= min_lr <= learning_rate"}
+    check_rules({"learning_rate": 1e-3, "min_lr": 1e-4}, found)
+    with pytest.raises(UserError, match=r"^min_lr=0.01 is not valid: min_lr must satisfy 0 <= min_lr <= learning_rate "
+                                        r"\(with learning_rate=0.001\)$"):
+        check_rules({"learning_rate": 1e-3, "min_lr": 1e-2}, found)
+    with pytest.raises(UserError, match="learning_rate=nan is not valid"):  # NaN fails every comparison
+        check_rules({"learning_rate": float("nan"), "min_lr": 0.0}, found)
+    with pytest.raises(UserError, match="n_embd=8 is not valid"):  # a rule that cannot be evaluated does not hold
+        check_rules({"n_head": 0, "n_embd": 8}, {"n_embd": "n_embd % n_head == 0"})
+
+
+def test_help_shows_each_rule_beside_its_setting():
+    import train
+    text = describe(train.__file__, train.config_defaults)
+    line = next(line for line in text.splitlines() if line.lstrip().startswith("--min_lr="))
+    assert line.endswith("[0 <= min_lr and (min_lr <= learning_rate or not decay_lr)]")
+
+
+def test_a_config_file_that_raises_names_its_line(tmp_path):
+    path = tmp_path / "exp.py"
+    path.write_text("batch_size = 4\n\nlearning_rate = {}['missing']\n")
+    with pytest.raises(UserError, match=r"exp.py' line 3 raised KeyError: 'missing'"):
+        configure(DEFAULTS, [str(path)])
