@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from common import UserError, atomic_write, replace_durably
+from model import GPT
 
 
 def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
@@ -39,13 +40,20 @@ def set_rng_state(state: dict, device_type: str):
 
 def save_checkpoint(checkpoint: dict, path: str):
     """Write to a temporary file beside path, flush it to disk, then rename it over path: a crash at any
-    moment leaves either the old file or the new one, whole. A failed write (disk full) keeps the old one."""
+    moment leaves either the old file or the new one, whole. A failed write (disk full) removes the
+    temporary file and keeps the old one. Weights that are not finite are never written."""
+    bad = [name for name, tensor in checkpoint["model"].items() if not torch.isfinite(tensor).all()]
+    if bad:
+        raise UserError(f"the weights are not finite ({len(bad)} tensors, e.g. {bad[0]}) at iter "
+                        f"{checkpoint['iter_num']}: not saving them, so {path} keeps the last good state; lower "
+                        "learning_rate or raise warmup_iters, then resume")
     try:
         with atomic_write(path, "wb") as f:
             torch.save(checkpoint, f)
     except (OSError, RuntimeError) as e:  # torch reports a failed write (a full disk) as a RuntimeError
-        raise UserError(f"could not write checkpoint {path} ({getattr(e, 'strerror', None) or e}): the previous "
-                        "checkpoint is unchanged; free disk space or choose another out_dir") from e
+        reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[0]
+        raise UserError(f"could not write checkpoint {path} ({reason}): the previous checkpoint is unchanged; "
+                        "free disk space or choose another out_dir") from e
 
 
 PROGRESS_KEYS = ("iter_num", "tokens", "best_val_loss", "best_iter")  # where the run stands
@@ -65,9 +73,30 @@ def load_checkpoint(path: str) -> dict:
         raise UserError(f"checkpoint {path} cannot be read ({e.__class__.__name__}): it is damaged or not a "
                         "checkpoint of this trainer") from e
     missing = sorted(CHECKPOINT_KEYS - set(checkpoint)) if isinstance(checkpoint, dict) else ["everything"]
+    if not missing and isinstance(checkpoint["model_args"], dict):
+        missing = [f"model_args['{k}']" for k in SHAPE_KEYS if k not in checkpoint["model_args"]]
     if missing:
         raise UserError(f"checkpoint {path} lacks {missing}: it is from an older version or another trainer")
     return checkpoint
+
+
+def check_vocabulary(checkpoint: dict, vocabulary: dict, dataset: str, path: str):
+    """A resumed run must read its tokens as the checkpoint's run did: the same tokenizer and, for a character
+    dataset, the same characters in the same order. Checkpoints from before this was saved pass."""
+    saved = checkpoint.get("vocabulary") or {}
+    for key in ("tokenizer", "chars"):
+        if saved.get(key) is not None and vocabulary.get(key) is not None and saved[key] != vocabulary[key]:
+            what = {"tokenizer": lambda v: f"tokenizer {v}", "chars": lambda v: f"{len(v)} characters {v[:12]!r}..."}[key]
+            raise UserError(f"dataset {dataset} has {what(vocabulary[key])} but checkpoint {path} was trained on "
+                            f"{what(saved[key])}: resume on the run's own dataset, or start a new run")
+
+
+def load_pretrained(name: str, dropout: float) -> GPT:
+    """GPT.from_pretrained, with its failures (no transformers, no network, an unknown name) as UserErrors."""
+    try:
+        return GPT.from_pretrained(name, dict(dropout=dropout))
+    except (ImportError, OSError, ValueError) as e:
+        raise UserError(str(e)) from e
 
 
 def check_resume_shape(checkpoint_args: dict, config: dict, defaults: dict):
@@ -111,14 +140,14 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
 
 
 def training_state(model: torch.nn.Module, optimizer, scaler, model_args: dict, config: dict, progress: dict,
-                   rng_states: list[dict], wandb_run_id: str | None, evaluated: bool) -> dict:
+                   rng_states: list[dict], wandb_run_id: str | None, evaluated: bool, vocabulary: dict) -> dict:
     """The whole state of a run, as save_checkpoint writes it and restore_training_state puts it back: the
     unwrapped model's weights (no _orig_mod. or module. prefixes), optimizer and scaler state, the model's
-    shape, the config, progress (PROGRESS_KEYS), every rank's RNG streams, the wandb run id, and whether
-    the step was evaluated before the save."""
+    shape, the config, progress (PROGRESS_KEYS), every rank's RNG streams, the wandb run id, whether
+    the step was evaluated before the save, and the dataset's vocabulary (see check_vocabulary)."""
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
             "model_args": model_args, "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id,
-            "evaluated": evaluated, **{k: progress[k] for k in PROGRESS_KEYS}}
+            "evaluated": evaluated, "vocabulary": vocabulary, **{k: progress[k] for k in PROGRESS_KEYS}}
 
 
 def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, optimizer, scaler, rank: int,

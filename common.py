@@ -64,12 +64,20 @@ def autocast_context(device_type: str, dtype: str):
     return torch.autocast(device_type=device_type, dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
 
 
-def compile_problem(device_type: str) -> str | None:
-    """Why torch.compile cannot work on this machine, or None when it can be tried."""
+def compile_problem(device: str) -> str | None:
+    """Why torch.compile cannot work on this device, or None when it does: the compilers it needs are looked
+    for, then a two-op function is compiled and run there, so a broken toolchain shows up here, as one line,
+    and not as a long traceback in the middle of the first training step."""
+    import torch
+    device_type = torch.device(device).type
     if device_type == "cpu" and not (os.environ.get("CXX") or any(shutil.which(c) for c in ("g++", "c++", "clang++"))):
         return "no C++ compiler (g++, c++ or clang++) on PATH"
     if device_type == "cuda" and importlib.util.find_spec("triton") is None:
         return "triton is not installed"
+    try:
+        torch.compile(lambda x: (x * 2).sin())(torch.ones(8, device=device))
+    except Exception as e:  # inductor reports a failed compiler run as one of several exception types
+        return f"a test compile failed ({e.__class__.__name__})"
     return None
 
 
@@ -92,6 +100,33 @@ def peak_flops(device) -> float | None:
 
 
 # ---- files
+
+class FolderLock:
+    """An exclusive hold on a folder for the life of this process: an flock on folder/run.lock, which the
+    kernel releases when the process ends, however it ends (kill -9 too), so no stale lock is left.
+    The holder writes who it is into the file, for the message a second process gets."""
+
+    NAME = "run.lock"
+
+    def __init__(self, folder: str, what: str):
+        import fcntl
+        self.file = open(os.path.join(folder, self.NAME), "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise UserError(f"{what} {folder} is in use by {holder}: wait for that run to end, or choose another "
+                            f"{what}") from None
+
+    def claim(self, who: str):
+        """Write the holder's description, once every check has passed and the holder starts writing."""
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(who + "\n")
+        self.file.flush()
+
 
 def replace_durably(tmp: str, path: str):
     """Flush the finished file tmp to disk, rename it over path, and make the rename itself durable: after a

@@ -88,6 +88,9 @@ class Block(nn.Module):
         return x
 
 
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes on the Hugging Face hub
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -157,18 +160,19 @@ class GPT(nn.Module):
         override_args = override_args or {}
         if set(override_args) - {"dropout"}:
             raise ValueError(f"from_pretrained can only override dropout, not {sorted(set(override_args) - {'dropout'})}")
-        if model_type not in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl") and not os.path.isdir(model_type):
-            raise ValueError(f"unknown pretrained model '{model_type}': use gpt2, gpt2-medium, gpt2-large, gpt2-xl "
-                             "or a directory saved by transformers")
+        if model_type not in PRETRAINED and not os.path.isdir(model_type):
+            raise ValueError(f"unknown pretrained model '{model_type}': use {', '.join(PRETRAINED)} or a folder "
+                            "saved by transformers' save_pretrained")
         try:
             from transformers import GPT2LMHeadModel
         except ImportError:
             raise ImportError("loading GPT-2 weights needs Hugging Face transformers: pip install transformers") from None
         try:
             hf_model = GPT2LMHeadModel.from_pretrained(model_type)
-        except OSError as e:
-            raise OSError(f"could not load GPT-2 weights '{model_type}' ({e.__class__.__name__}): "
-                          "without network access, download them elsewhere and pass the directory") from e
+        except OSError as e:  # no network, no such folder, or a folder without the weights
+            raise OSError(f"could not load GPT-2 weights '{model_type}' ({e.__class__.__name__}): without network "
+                            "access, save them on a machine that has it (GPT2LMHeadModel.from_pretrained(name)"
+                            ".save_pretrained(folder)) and pass that folder as init_from") from e
         hf = hf_model.config
         config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer,
                            n_head=hf.n_head, n_embd=hf.n_embd, bias=True, dropout=override_args.get("dropout", 0.0))
@@ -209,15 +213,20 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  generator: torch.Generator | None = None):
-        """Extend the token ids idx (B, T) by max_new_tokens sampled tokens. Put the model in eval mode first."""
+        """Extend the token ids idx (B, T) by max_new_tokens tokens, sampled at `temperature` among the top_k
+        most likely (all when None); temperature 0 takes the most likely token (greedy decoding). Put the
+        model in eval mode first."""
         for _ in range(max_new_tokens):
             idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
             logits, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            probs = F.softmax(logits, dim=-1)
-            idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
+            if temperature == 0:
+                idx_next = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits[:, -1, :] / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                probs = F.softmax(logits, dim=-1)
+                idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx

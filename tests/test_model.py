@@ -82,6 +82,19 @@ def test_generate_appends_tokens_and_respects_top_k():
 
 
 @pytest.mark.slow
+def test_temperature_zero_is_greedy_decoding():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16)).eval()
+    idx = torch.tensor([[1, 2]])
+    with torch.no_grad():
+        out = model.generate(idx, 12, temperature=0.0)  # past block_size too: the context is cropped
+        expected = idx
+        for _ in range(12):
+            logits, _ = model(expected[:, -8:])
+            expected = torch.cat([expected, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, expected)
+
+
 def test_from_pretrained_reproduces_transformers_logits(tmp_path):
     import transformers  # a test dependency (requirements-dev.txt), optional for users
 

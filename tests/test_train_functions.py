@@ -141,14 +141,18 @@ def test_ranks_draw_different_parts_of_one_global_batch(tmp_path):
 def test_save_checkpoint_replaces_whole_files_and_keeps_the_old_one_on_failure(tmp_path):
     from checkpoint import save_checkpoint
     path = str(tmp_path / "ckpt.pt")
-    save_checkpoint({"iter_num": 1}, path)
-    save_checkpoint({"iter_num": 2}, path)
-    assert torch.load(path, weights_only=True) == {"iter_num": 2}
+    save_checkpoint({"iter_num": 1, "model": {}}, path)
+    save_checkpoint({"iter_num": 2, "model": {}}, path)
+    assert torch.load(path, weights_only=True) == {"iter_num": 2, "model": {}}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temporary file left behind
     # a full disk: the temporary file is made a link to /dev/full, where every write fails with ENOSPC
     os.symlink("/dev/full", path + ".tmp")
     with pytest.raises(UserError, match="could not write checkpoint .*No space left on device.* the previous "
                                         "checkpoint is unchanged"):
-        save_checkpoint({"iter_num": 3, "weights": torch.zeros(100_000)}, path)
-    assert torch.load(path, weights_only=True) == {"iter_num": 2}
+        save_checkpoint({"iter_num": 3, "model": {"w": torch.zeros(100_000)}}, path)
+    assert torch.load(path, weights_only=True) == {"iter_num": 2, "model": {}}
     assert not os.path.lexists(path + ".tmp")
+    # weights gone non-finite are never written over a good checkpoint
+    with pytest.raises(UserError, match=r"the weights are not finite \(1 tensors, e.g. w\) at iter 4"):
+        save_checkpoint({"iter_num": 4, "model": {"w": torch.tensor([1.0, float("nan")])}}, path)
+    assert torch.load(path, weights_only=True) == {"iter_num": 2, "model": {}}
