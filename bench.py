@@ -28,32 +28,32 @@ import configurator
 from common import UserError, excepthook, peak_flops
 from model import GPT, GPTConfig
 
-mode = "train"  # 'train' times training steps; 'get_batch' and 'prepare' time the data pipeline
+mode = "train"  # 'train' times training steps; 'get_batch' and 'prepare' time the data pipeline [mode in ('train', 'get_batch', 'prepare')]
 # ---- data
-batch_size = 12  # sequences per step
-block_size = 1024  # tokens per sequence
+batch_size = 12  # sequences per step [batch_size > 0]
+block_size = 1024  # tokens per sequence [block_size > 0]
 real_data = False  # sample batches from the dataset's train split instead of random tokens
 dataset = "openwebtext"  # with real_data: a folder under data/ or a path
 # ---- model
-n_layer = 12  # transformer blocks
-n_head = 12  # attention heads per block
-n_embd = 768  # width of the residual stream
-vocab_size = 50304  # GPT-2's vocabulary padded to a multiple of 64
+n_layer = 12  # transformer blocks [n_layer > 0]
+n_head = 12  # attention heads per block [n_head > 0]
+n_embd = 768  # width of the residual stream, split evenly among the heads [n_embd > 0 and n_embd % n_head == 0]
+vocab_size = 50304  # GPT-2's vocabulary padded to a multiple of 64 [vocab_size > 0]
 bias = False  # biases in Linear and LayerNorm layers
-dropout = 0.0  # dropout rate
+dropout = 0.0  # dropout rate [0 <= dropout < 1]
 # ---- timing
-warmup_steps = 10  # untimed steps first: compilation, allocator and cache warm-up
-num_steps = 20  # timed steps
+warmup_steps = 10  # untimed steps first: compilation, allocator and cache warm-up [warmup_steps >= 0]
+num_steps = 20  # timed steps [num_steps > 0]
 profile = False  # write a torch profiler trace (bench_trace/, for TensorBoard or Perfetto) instead of timing
-seed = 1337  # seeds init and the batches
+seed = 1337  # seeds init and the batches [0 <= seed < 2**63]
 # ---- data pipeline benchmarks
-token_file_tokens = 50_000_000  # --mode=get_batch: size of the random token files (uint16 and uint32) it reads
+token_file_tokens = 50_000_000  # --mode=get_batch: size of the random token files (uint16 and uint32) it reads [token_file_tokens > block_size]
 corpus_text = "data/shakespeare_char/input.txt"  # --mode=prepare: text to build the benchmark corpus from
-corpus_mb = 300  # --mode=prepare: corpus size in MB, as files of about 1 MB of shuffled paragraphs
+corpus_mb = 300  # --mode=prepare: corpus size in MB, as files of about 1 MB of shuffled paragraphs [corpus_mb > 0]
 gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without network
 # ---- system
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
-dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
+dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
@@ -177,9 +177,7 @@ if __name__ == "__main__":
     if mode == "prepare":
         bench_prepare(corpus_text, sorted({max(1, corpus_mb // 3), corpus_mb}), gpt2_tiktoken)
         sys.exit(0)
-    if mode != "train":
-        raise UserError(f"mode '{mode}' is not train, get_batch or prepare")
-    from common import autocast_context, check_device, resolve_dtype
+    from common import autocast_context, check_device, compile_problem, resolve_dtype
     from dataset import get_batch, load_dataset
 
     device_type = check_device(device)
@@ -205,6 +203,10 @@ if __name__ == "__main__":
                           n_embd=n_embd, bias=bias, dropout=dropout)).to(device)
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
+    problem = compile_problem(device) if compile else None
+    if problem:
+        print(f"warning: compile=True but {problem}: timing without torch.compile", file=sys.stderr)
+        compile = False
     train_model = torch.compile(model) if compile else model
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, batch {batch_size} x {block_size}, "
           f"device {device}, dtype {dtype}, compile {compile}")

@@ -1,7 +1,8 @@
 """
-How a run reports. The loop makes one call per event (start, eval, step, sample, note, summary); this
-module turns each into the progress line or JSON line, the metrics.csv row and the wandb call. Only rank 0
-reports: other ranks get a Reporter that writes nothing. Adding a metric is one edit here.
+How a run reports. The loop makes one call per event (start, eval, step, sample, summary; eval_only for a
+run that only evaluates); this module turns each into the progress line or JSON line, the metrics.csv row
+and the wandb call. Only rank 0 reports: other ranks get a Reporter that writes nothing. Adding a metric
+is one edit here.
 """
 import datetime
 import json
@@ -90,6 +91,18 @@ class Reporter:
         metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "lr": lr, "val_loss": losses["val"],
                                           "train_eval_loss": losses["train"]})
         self.wandb.log({"iter": it, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr}, step=it)
+
+    def eval_only(self, result: dict):
+        """The result of an eval_only run: printed, and written to eval.json, the one file such a run writes."""
+        if not self.active:
+            return
+        path = os.path.join(self.out_dir, "eval.json")
+        write_json(path, {**result, "time": datetime.datetime.now().isoformat(timespec="seconds")})
+        if self.format == "json":
+            print(json.dumps({"eval": result}), flush=True)
+        else:
+            print(f"eval of {result['init_from']} at iter {result['iter']}: train loss {result['train_loss']:.4f}, "
+                  f"val loss {result['val_loss']:.4f} (written to {path})")
 
     def step(self, it: int, max_iters: int, tokens: int, loss: float, lr: float, grad_norm: float, dt: float,
              tokens_per_sec: float, mfu: float | None, elapsed: float, steps_done: int, train_time: float):

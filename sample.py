@@ -13,34 +13,48 @@ import sys
 import torch
 
 import configurator
-from checkpoint import load_checkpoint, load_model_state
-from common import autocast_context, check_device, excepthook, resolve_dtype
+from checkpoint import load_checkpoint, load_model_state, load_pretrained
+from common import UserError, autocast_context, check_device, excepthook, resolve_dtype
 from dataset import find_dataset
-from model import GPT, GPTConfig
+from model import GPT, PRETRAINED, GPTConfig
 from tokenizer import dataset_codec
 
 # ---- model
-init_from = "resume"  # 'resume' (a checkpoint in out_dir) or gpt2, gpt2-medium, gpt2-large, gpt2-xl
+init_from = "resume"  # 'resume' (a checkpoint in out_dir), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a folder saved by transformers
 out_dir = "out"  # where the checkpoint is, with init_from='resume'
 checkpoint = "ckpt.pt"  # which checkpoint in out_dir: ckpt.pt (latest), best.pt (best val loss) or ckpt_<iter>.pt
 # ---- sampling
 start = "\n"  # the prompt; "FILE:prompt.txt" reads it from a file
-num_samples = 10  # samples to draw
-max_new_tokens = 500  # tokens per sample
-temperature = 0.8  # 1.0 samples the model's distribution as is; lower is more conservative
-top_k = 200  # sample only among the top_k most likely tokens; 0 disables the cut
-seed = 1337  # same seed, same samples
+num_samples = 10  # samples to draw [num_samples > 0]
+max_new_tokens = 500  # tokens per sample [max_new_tokens > 0]
+temperature = 0.8  # 1.0 samples the model's distribution as is; lower is more conservative; 0 is greedy [0 <= temperature < inf]
+top_k = 200  # sample only among the top_k most likely tokens; 0 disables the cut [top_k >= 0]
+seed = 1337  # same seed, same samples [0 <= seed < 2**63]
 # ---- system
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
-dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
+dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = False  # torch.compile the model: worth it only for long generations
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
+
+
+def read_prompt(start: str) -> str:
+    """The prompt: start itself, or the text of the file that "FILE:path" names."""
+    if not start.startswith("FILE:"):
+        return start
+    path = start[len("FILE:"):]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UserError(f"start={start!r}: prompt file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"start={start!r}: prompt file {path} cannot be read as UTF-8 text ({e.__class__.__name__})") from None
 
 
 def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     """The model to sample from, and the training config it was saved with (None for GPT-2 weights)."""
     if init_from != "resume":
-        return GPT.from_pretrained(init_from, dict(dropout=0.0)), None
+        return load_pretrained(init_from, 0.0), None
     saved = load_checkpoint(ckpt_path)
     model = GPT(GPTConfig(**saved["model_args"]))
     load_model_state(model, saved["model"], ckpt_path)
@@ -52,8 +66,12 @@ if __name__ == "__main__":
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
 
+    if init_from not in ("resume", *PRETRAINED) and not os.path.isdir(init_from):
+        raise UserError(f"init_from={init_from!r} is not resume, one of {', '.join(PRETRAINED)}, or a folder saved "
+                        "by transformers")
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
+    prompt = read_prompt(start)
     torch.manual_seed(seed)
     ctx = autocast_context(device_type, dtype)
 
@@ -62,11 +80,10 @@ if __name__ == "__main__":
     if compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs
     encode, decode = dataset_codec(find_dataset(train_config["dataset"]) if train_config else None)
-
-    if start.startswith("FILE:"):
-        with open(start[5:], encoding="utf-8") as f:
-            start = f.read()
-    x = torch.tensor(encode(start), dtype=torch.long, device=device)[None, ...]
+    ids = encode(prompt)
+    if not ids:
+        raise UserError("start is empty: give a prompt of at least one token, e.g. --start='\\n'")
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
     with torch.no_grad(), ctx:
         for _ in range(num_samples):
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)

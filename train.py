@@ -15,6 +15,7 @@ import datetime
 import math
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -24,61 +25,64 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from checkpoint import (PROGRESS_KEYS, SHAPE_KEYS, check_resume_shape, gather_rng_states, load_checkpoint,
-                        publish_checkpoint, restore_training_state, save_checkpoint, training_state)
-from common import UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops, resolve_dtype
+from checkpoint import (PROGRESS_KEYS, SHAPE_KEYS, check_resume_shape, check_vocabulary, gather_rng_states,
+                        load_checkpoint, load_pretrained, publish_checkpoint, restore_training_state, save_checkpoint,
+                        training_state)
+from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops,
+                    resolve_dtype)
 from dataset import eval_key, get_batch, load_dataset, seed_from
-from model import GPT, GPTConfig
+from model import GPT, PRETRAINED, GPTConfig
 from report import Reporter
 from tokenizer import dataset_codec
 
 # ---- I/O
 out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go
-eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last
-log_interval = 1  # print a progress line every this many steps
-log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals only)
-eval_iters = 200  # batches per split in each evaluation
-eval_only = False  # evaluate once and exit
+eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last [eval_interval > 0]
+log_interval = 1  # print a progress line every this many steps [log_interval > 0]
+log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals only) [log_format in ('text', 'json', 'quiet')]
+eval_iters = 200  # batches per split in each evaluation [eval_iters > 0]
+eval_only = False  # evaluate a trained model once (resume or gpt2*), write out_dir/eval.json and exit; the run's own files stay as they are
 always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves
-keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none
-max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm
-init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt) or gpt2, gpt2-medium, gpt2-large, gpt2-xl
-seed = 1337  # seeds init, dropout and the batch sampler
-sample_interval = 0  # every this many evals, rank 0 writes a sample to stdout, out_dir/samples.txt and wandb; 0: never
+keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
+max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm [max_nonfinite_steps > 0]
+init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a folder saved by transformers
+overwrite = False  # let init_from='scratch' replace the run in an out_dir that already holds a checkpoint
+seed = 1337  # seeds init, dropout and the batch sampler [0 <= seed < 2**63]
+sample_interval = 0  # every this many evals, rank 0 writes a sample to stdout, out_dir/samples.txt and wandb; 0: never [sample_interval >= 0]
 sample_prompt = "\n"  # the prompt of those samples
-sample_tokens = 200  # tokens per sample
+sample_tokens = 200  # tokens per sample [sample_tokens > 0]
 # ---- wandb logging
 wandb_log = False  # log to Weights & Biases (WANDB_MODE=offline works without network)
 wandb_project = "owt"  # wandb project name
 wandb_run_name = "gpt2"  # wandb run name
 # ---- data
 dataset = "openwebtext"  # a folder under data/, or a path, holding meta.json and token files (or nanoGPT's train.bin, val.bin)
-gradient_accumulation_steps = 5 * 8  # micro-steps per optimizer step, summed over all processes
-batch_size = 12  # sequences per micro-step per process
-block_size = 1024  # context length in tokens
+gradient_accumulation_steps = 5 * 8  # micro-steps per optimizer step, summed over all processes [gradient_accumulation_steps > 0]
+batch_size = 12  # sequences per micro-step per process [batch_size > 0]
+block_size = 1024  # context length in tokens [block_size > 0]
 # ---- model
-n_layer = 12  # transformer blocks
-n_head = 12  # attention heads per block
-n_embd = 768  # width of the residual stream
-dropout = 0.0  # 0 for pretraining, try 0.1+ for finetuning
+n_layer = 12  # transformer blocks [n_layer > 0]
+n_head = 12  # attention heads per block [n_head > 0]
+n_embd = 768  # width of the residual stream, split evenly among the heads [n_embd > 0 and n_embd % n_head == 0]
+dropout = 0.0  # 0 for pretraining, try 0.1+ for finetuning [0 <= dropout < 1]
 bias = False  # biases in Linear and LayerNorm layers
 # ---- AdamW optimizer
-learning_rate = 6e-4  # peak learning rate
-max_iters = 600000  # optimizer steps in the whole run
-weight_decay = 1e-1  # decoupled weight decay on matrices
-beta1 = 0.9  # AdamW beta1
-beta2 = 0.95  # AdamW beta2
-grad_clip = 1.0  # clip the global gradient norm to this; 0 disables clipping
+learning_rate = 6e-4  # peak learning rate [0 < learning_rate < inf]
+max_iters = 600000  # optimizer steps in the whole run [max_iters > 0]
+weight_decay = 1e-1  # decoupled weight decay on matrices [0 <= weight_decay < inf]
+beta1 = 0.9  # AdamW beta1 [0 <= beta1 < 1]
+beta2 = 0.95  # AdamW beta2 [0 <= beta2 < 1]
+grad_clip = 1.0  # clip the global gradient norm to this; 0 disables clipping [0 <= grad_clip < inf]
 # ---- learning rate schedule
 decay_lr = True  # warm up then decay along a cosine; False keeps learning_rate constant
-warmup_iters = 2000  # linear warmup steps
-lr_decay_iters = 600000  # steps until the cosine reaches min_lr; about max_iters per Chinchilla
-min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla
+warmup_iters = 2000  # linear warmup steps [warmup_iters >= 0]
+lr_decay_iters = 600000  # steps until the cosine reaches min_lr; about max_iters per Chinchilla [lr_decay_iters >= 0]
+min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla [0 <= min_lr and (min_lr <= learning_rate or not decay_lr)]
 # ---- system
-backend = "auto"  # DDP backend: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise)
-ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails
+backend = "auto"  # DDP backend: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'nccl', 'gloo')]
+ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails [ddp_timeout > 0]
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
-dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA)
+dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model: slower start, faster steps
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
@@ -86,11 +90,33 @@ config_defaults = configurator.config_keys(globals())  # taken here, so only the
 # ---------------------------------------------------------------------------------------------
 # distributed setup
 
+def launcher_ranks(env: dict) -> tuple[int, int, int] | None:
+    """(rank, local_rank, world_size) as torchrun sets them in env, or None when none is set; a UserError when
+    the set is partial or the values do not fit together."""
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    present = [k for k in keys if k in env]
+    if not present:
+        return None
+    missing = [k for k in keys if k not in env]
+    if missing:
+        raise UserError(f"{', '.join(present)} set but not {', '.join(missing)}: launch with torchrun, which sets "
+                        "them all, or unset them for a single process")
+    try:
+        rank, local_rank, world_size = (int(env[k]) for k in keys)
+    except ValueError:
+        raise UserError(f"RANK, LOCAL_RANK and WORLD_SIZE must be integers, not {[env[k] for k in keys]}") from None
+    if not (0 <= rank < world_size and 0 <= local_rank <= rank):
+        raise UserError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} do not fit together: "
+                        "launch with torchrun")
+    return rank, local_rank, world_size
+
+
 def setup_distributed(device: str, backend: str, timeout_s: float = 1800) -> tuple[int, int, int, str]:
     """Join the process group when launched by torchrun. Returns (rank, local_rank, world_size, device)."""
-    if "RANK" not in os.environ:
+    ranks = launcher_ranks(os.environ)
+    if ranks is None:
         return 0, 0, 1, device
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, local_rank, world_size = ranks
     device_type = torch.device(device).type
     if device_type == "cuda":
         device = f"cuda:{local_rank}"  # one GPU per process, picked by its rank on this node
@@ -109,6 +135,19 @@ def check_writable(out_dir: str):
             pass
     except OSError as e:
         raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another out_dir") from None
+
+
+RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv", "eval.json", "plot.png")  # a run's results
+
+
+def check_new_run(out_dir: str, overwrite: bool) -> list[str]:
+    """A new run (not a resume) into out_dir: refused when a checkpoint is there, unless overwrite; returns
+    the earlier run's files that the new run is to delete (its step checkpoints among them)."""
+    old = [f for f in sorted(os.listdir(out_dir)) if f in RUN_FILES or (f.startswith("ckpt_") and f.endswith(".pt"))]
+    if any(f.endswith(".pt") for f in old) and not overwrite:
+        raise UserError(f"out_dir {out_dir} already holds a run's checkpoint: continue it with --init_from=resume, "
+                        "choose another out_dir, or pass --overwrite=True to replace that run")
+    return old
 
 
 class StopFlag:
@@ -178,35 +217,44 @@ def step_verdicts(loss_sum, grad_norm, stop_requested: bool, loss_scaling: bool,
 
 if __name__ == "__main__":
     sys.excepthook = excepthook
-    config = configurator.configure(config_defaults, sys.argv[1:], __file__)
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__)  # types and each setting's rule
+    if config["init_from"] not in ("scratch", "resume", *PRETRAINED) and not os.path.isdir(config["init_from"]):
+        raise UserError(f"init_from={config['init_from']!r} is not scratch, resume, one of {', '.join(PRETRAINED)}, "
+                        "or a folder saved by transformers")
+    if config["eval_only"] and config["init_from"] == "scratch":
+        raise UserError("eval_only=True evaluates a trained model: give --init_from=resume (the checkpoint in "
+                        "out_dir) or a GPT-2 model")
     checkpoint = None
     if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
         ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
         checkpoint = load_checkpoint(ckpt_path)
         check_resume_shape(checkpoint["model_args"], config, config_defaults)
         config.update({k: checkpoint["model_args"][k] for k in SHAPE_KEYS if k in config})
+        if checkpoint["evaluated"] and checkpoint["iter_num"] >= config["max_iters"] and not config["eval_only"]:
+            print(f"the run in {config['out_dir']} is finished: its checkpoint is at iter {checkpoint['iter_num']} "
+                  f"and max_iters is {config['max_iters']}; nothing to do (raise --max_iters to train it further, "
+                  "or evaluate it with --eval_only=True)")
+            sys.exit(0)
     globals().update(config)
 
     # ---- distributed setup
     device_type = check_device(device)
-    rank, local_rank, world_size, device = setup_distributed(device, backend, ddp_timeout)
-    ddp = world_size > 1
-    master_process = rank == 0  # only rank 0 writes files and prints
-    report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
-    if gradient_accumulation_steps % world_size:
-        raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
-                        f"world size {world_size}: make it a multiple of the number of processes")
-    accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
-    tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     dtype = resolve_dtype(dtype, device_type)
-    if log_format not in ("text", "json", "quiet"):
-        raise UserError(f"log_format '{log_format}' is not text, json or quiet")
+    ranks = launcher_ranks(os.environ)  # checked before joining, so a bad environment is one line
+    if ranks is not None and gradient_accumulation_steps % ranks[2]:
+        raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
+                        f"world size {ranks[2]}: make it a multiple of the number of processes")
+    master_process = ranks is None or ranks[0] == 0  # only rank 0 writes files and prints
     if master_process:
         check_writable(out_dir)
-        print(f"world size {world_size}, device {device}, dtype {dtype}; "
-              f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps "
-              f"x {batch_size} sequences x {block_size} tokens)")
-        print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
+    rank, local_rank, world_size, device = setup_distributed(device, backend, ddp_timeout)
+    ddp = world_size > 1
+    report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
+    accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
+    tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+    report.print(f"world size {world_size}, device {device}, dtype {dtype}; tokens per iteration {tokens_per_iter:,} "
+                 f"({gradient_accumulation_steps} micro-steps x {batch_size} sequences x {block_size} tokens)")
+    report.print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -215,8 +263,13 @@ if __name__ == "__main__":
     # ---- data
     data = load_dataset(dataset, block_size)
     report.print(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
-           f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
-           f"vocab_size {data['vocab_size'] or 'unknown'}")
+                 f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
+                 f"vocab_size {data['vocab_size'] or 'unknown'}")
+    if checkpoint is not None:
+        check_vocabulary(checkpoint, data["vocabulary"], dataset, ckpt_path)
+    codec = dataset_codec(data["dir"]) if sample_interval and master_process else None
+    if codec is not None:
+        codec[0](sample_prompt)  # a prompt the dataset cannot encode fails now, not at the first sample
 
     def train_batch(it, micro_step):
         """This process's micro-batch `micro_step` of step `it`: part (seed, it, global micro-step) of the global batch."""
@@ -235,12 +288,10 @@ if __name__ == "__main__":
     elif init_from == "resume":
         model_args["vocab_size"] = checkpoint["model_args"]["vocab_size"]  # the rest of its shape is in config now
         model = GPT(GPTConfig(**model_args))  # its state is restored with the optimizer's, below
-    elif init_from.startswith("gpt2"):
-        model = GPT.from_pretrained(init_from, dict(dropout=dropout))
+    else:  # GPT-2 weights, by name or from a folder
+        model = load_pretrained(init_from, dropout)
         for k in SHAPE_KEYS:
             model_args[k] = getattr(model.config, k)
-    else:
-        raise UserError(f"init_from '{init_from}' is not scratch, resume or a gpt2 variant")
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context
         model_args["block_size"] = block_size
@@ -257,7 +308,7 @@ if __name__ == "__main__":
         state = restore_training_state(checkpoint, ckpt_path, model, optimizer, scaler, rank, world_size, device_type)
         iter_num, tokens_seen, best_val_loss, best_iter = (state[k] for k in PROGRESS_KEYS)
         wandb_run_id = state["wandb_run_id"]
-        skip_first_eval = state["evaluated"] and not eval_only  # the checkpoint was written right after this eval
+        skip_first_eval = state["evaluated"]  # the checkpoint was written right after this eval
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
         checkpoint = None  # free the CPU copy
@@ -267,7 +318,7 @@ if __name__ == "__main__":
 
     # ---- compile and DDP wrap
     raw_model = model  # what gets saved: no _orig_mod. or module. prefixes
-    problem = compile_problem(device_type) if compile else None
+    problem = compile_problem(device) if compile else None
     if problem:
         print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
     elif compile:
@@ -294,19 +345,35 @@ if __name__ == "__main__":
         if master_process:
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
             save_checkpoint(training_state(raw_model, optimizer, scaler, model_args, config, progress, rng_states,
-                                           wandb_run_id, evaluated), os.path.join(out_dir, "ckpt.pt"))
+                                           wandb_run_id, evaluated, data["vocabulary"]), os.path.join(out_dir, "ckpt.pt"))
             publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
             report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
 
+    if eval_only:  # one evaluation into eval.json; the run's metrics, summary, config and run.json stay as they are
+        losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
+        report.eval_only(dict(init_from=init_from, iter=iter_num, dataset=dataset, eval_iters=eval_iters,
+                              batch_size=batch_size, block_size=block_size, train_loss=losses["train"],
+                              val_loss=losses["val"]))
+        if ddp:
+            dist.barrier()
+            dist.destroy_process_group()
+        sys.exit(0)
+
     # ---- the run's files are written only now that every input has been checked
+    if master_process:
+        lock = FolderLock(out_dir, "out_dir")  # held until this process ends: a second run here is refused
+        stale_files = check_new_run(out_dir, overwrite) if init_from != "resume" else []
+        lock.claim(f"train.py (pid {os.getpid()} on {socket.gethostname()}, started "
+                   f"{datetime.datetime.now().isoformat(timespec='seconds')})")
+        for name in stale_files:  # with overwrite=True: the earlier run's checkpoints and results go
+            os.remove(os.path.join(out_dir, name))
     wandb_run_id = report.start(
         config, dict(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
                      tokens_per_iter=tokens_per_iter, start_iter=iter_num),
         # a resumed run drops rows logged after its checkpoint; a new run starts a new log
-        truncate_at=None if eval_only else (iter_num if init_from == "resume" else -1),
+        truncate_at=iter_num if init_from == "resume" else -1,
         wandb_settings=dict(project=wandb_project, name=wandb_run_name, id=wandb_run_id) if wandb_log else None,
     ) or wandb_run_id
-    codec = dataset_codec(data["dir"]) if sample_interval and master_process else None
     peak = peak_flops(device)
     stop = StopFlag()
 
@@ -321,7 +388,7 @@ if __name__ == "__main__":
             group["lr"] = lr
 
         # evaluate and checkpoint, unless the checkpoint just resumed was written right after this same eval
-        if (iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only) and not skip_first_eval:
+        if (iter_num % eval_interval == 0 or iter_num >= max_iters) and not skip_first_eval:
             t_eval = time.time()
             losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
             improved = math.isfinite(losses["val"]) and losses["val"] < best_val_loss  # NaN never becomes best
@@ -329,13 +396,13 @@ if __name__ == "__main__":
                 best_val_loss, best_iter = losses["val"], iter_num
             last_losses, evals_done = losses, evals_done + 1
             report.eval(iter_num, tokens_seen, lr, losses)
-            if iter_num > 0 and not eval_only and math.isfinite(losses["val"]) and (improved or always_save_checkpoint):
+            if iter_num > 0 and math.isfinite(losses["val"]) and (improved or always_save_checkpoint):
                 save(evaluated=True, improved=improved)
             if master_process and sample_interval and evals_done % sample_interval == 0:
                 write_sample(iter_num)
             t_log += time.time() - t_eval  # keep evaluation out of the ms/iter figures
         skip_first_eval = False
-        if eval_only or iter_num >= max_iters:
+        if iter_num >= max_iters:
             break
 
         # one optimizer step: accum_steps micro-steps, gradients all-reduced on the last one only

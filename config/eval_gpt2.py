@@ -1,4 +1,4 @@
-# Evaluate OpenAI's gpt2 (124M parameters) on OpenWebText: one evaluation, no training.
+# Evaluate OpenAI's gpt2 (124M parameters) on OpenWebText: one evaluation, written to out/eval.json; no training.
 # Needs Hugging Face transformers and the weights (downloaded once); eval_iters x batch_size x 1024 tokens
 # per split, so about 0.4M tokens: minutes on one GPU.
 batch_size = 8
