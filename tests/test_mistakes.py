@@ -1,0 +1,375 @@
+"""Mistakes and faults, one table row each, over every script: each must end in one `error:` line that names
+the problem (no traceback, a non-zero exit) and leave every file of an earlier good run and of a prepared
+dataset byte for byte as it was. A few faults are handled rather than refused (a torn metrics row); their
+rows expect exit 0 and no error line, and the same untouched files.
+
+Every case gets its own copy of the finished run and of the dataset, so the cases run two at a time (the
+machine's two cores) and a changed file is pinned on the case that changed it."""
+import concurrent.futures
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from conftest import ROOT, load_module, made_up_text
+
+pytestmark = pytest.mark.slow  # about 80 script runs, two at a time
+
+TINY = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
+        "--batch_size=4", "--gradient_accumulation_steps=1", "--eval_iters=2", "--eval_interval=4", "--max_iters=4",
+        "--warmup_iters=1", "--lr_decay_iters=4", "--learning_rate=1e-3", "--min_lr=1e-4"]
+TRAIN = ["--dataset={data}", "--out_dir={run}", *TINY]  # a new run in the good run's folder: refused if it got far
+RESUME = [*TRAIN, "--init_from=resume", "--max_iters=8", "--lr_decay_iters=8"]
+RUN_LOGS = {"metrics.csv", "run.json", "config.json", "run.lock"}  # what a resumed run that trains may rewrite
+
+
+@dataclass
+class Case:
+    id: str
+    script: str  # relative to the repository root
+    args: list  # '{run}', '{data}', '{tmp}' are replaced by the case's folders
+    pattern: str | None  # matched against the error line; None: the script must succeed
+    setup: object = None  # f(case folder, run, data): makes what the case needs
+    env: dict = field(default_factory=dict)
+    may_change: set = field(default_factory=set)  # files of the good run a case may rewrite (it trains on)
+    may_create: set = field(default_factory=set)
+    runner: object = None  # f(cmd, env, folders) -> CompletedProcess, for cases that need timing or signals
+
+
+def write(path, content):
+    mode = "wb" if isinstance(content, bytes) else "w"
+    with open(path, mode) as f:
+        f.write(content)
+
+
+def config_file(text):
+    return lambda tmp, run, data: write(os.path.join(tmp, "exp.py"), text)
+
+
+def edit_checkpoint(change):
+    def setup(tmp, run, data):
+        os.makedirs(os.path.join(tmp, "other"))
+        saved = torch.load(os.path.join(run, "ckpt.pt"), weights_only=True)
+        change(saved)
+        torch.save(saved, os.path.join(tmp, "other", "ckpt.pt"))
+    return setup
+
+
+def copy_dataset(change):
+    """A second dataset, a copy of the good one with one thing changed."""
+    def setup(tmp, run, data):
+        shutil.copytree(data, os.path.join(tmp, "other"))
+        change(os.path.join(tmp, "other"))
+    return setup
+
+
+def nanogpt_layout(meta_pkl: bytes):
+    """nanoGPT's layout: train.bin, val.bin and the given meta.pkl bytes, no meta.json."""
+    def change(folder):
+        os.remove(os.path.join(folder, "meta.json"))
+        write(os.path.join(folder, "meta.pkl"), meta_pkl)
+    return change
+
+
+def other_vocabulary(tmp, run, data):
+    load_module("data/shakespeare_char/prepare.py").prepare(made_up_text(7, 300, 6, 20_000).upper(),
+                                                            os.path.join(tmp, "other"))
+
+
+def torn_row(tmp, run, data):
+    with open(os.path.join(run, "metrics.csv"), "a") as f:
+        f.write("5,2560,2.71")  # a kill in the middle of an append: no newline, a cut number
+
+
+def run_holding_the_lock(cmd, env, folders):
+    """Start a long run in a fresh out_dir, wait until it holds its lock, then start the case's run there."""
+    live = os.path.join(folders["tmp"], "live")
+    holder_cmd = [sys.executable, os.path.join(ROOT, "train.py"), f"--dataset={folders['data']}", f"--out_dir={live}",
+                  *TINY, "--max_iters=100000", "--eval_interval=100000"]
+    holder = subprocess.Popen(holder_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (os.path.exists(os.path.join(live, "metrics.csv")) and holder.poll() is None):
+            assert time.time() < deadline and holder.poll() is None, "the holding run did not start"
+            time.sleep(0.1)
+        result = subprocess.run([c.replace("{live}", live) for c in cmd], env=env, capture_output=True, text=True,
+                                timeout=120)
+        assert holder.poll() is None, "the holding run was disturbed"
+        assert f"pid {holder.pid}" in result.stderr, result.stderr  # the message names the holder
+        return result
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def after(prelude):
+    """Run the script in a Python that first runs `prelude`: the fault is set up inside the process."""
+    def runner(cmd, env, folders):
+        wrapper = f"import runpy, sys; {prelude}; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+        return subprocess.run([cmd[0], "-c", wrapper, *cmd[1:]], env=env, capture_output=True, text=True, timeout=180)
+    return runner
+
+
+# writes past `limit` bytes fail (EFBIG) as they would on a full disk; the signal that would kill the process first
+# is ignored, as it is by default for a write(2) to a full disk
+def file_size_limit(limit):
+    return after("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+                 f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))")
+
+
+WITHOUT_TRANSFORMERS = after("sys.modules['transformers'] = None")  # `import transformers` then fails as if absent
+
+
+def sigterm_after_iter(iter_num):
+    def runner(cmd, env, folders):
+        proc = subprocess.Popen(cmd, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        for line in proc.stdout:
+            if line.startswith(f"iter {iter_num}/"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        stdout, stderr = proc.communicate(timeout=120)
+        return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    return runner
+
+
+NOT_UTF8 = b"batch_size = 4  # \xe9t\xe9\n"
+
+CASES = [
+    # ---- train.py: settings out of range, each caught by its rule before any file is touched
+    Case("batch_size=0", "train.py", [*TRAIN, "--batch_size=0"], r"^error: batch_size=0 is not valid: .*batch_size > 0"),
+    Case("block_size=0", "train.py", [*TRAIN, "--block_size=0"], r"block_size=0 is not valid"),
+    Case("grad_accum=0", "train.py", [*TRAIN, "--gradient_accumulation_steps=0"], r"gradient_accumulation_steps=0 is not valid"),
+    Case("eval_iters=0", "train.py", [*TRAIN, "--eval_iters=0"], r"eval_iters=0 is not valid"),
+    Case("eval_interval=0", "train.py", [*TRAIN, "--eval_interval=0"], r"eval_interval=0 is not valid"),
+    Case("log_interval=0", "train.py", [*TRAIN, "--log_interval=0"], r"log_interval=0 is not valid"),
+    Case("max_iters=0", "train.py", [*TRAIN, "--max_iters=0"], r"max_iters=0 is not valid"),
+    Case("n_head=0", "train.py", [*TRAIN, "--n_head=0"], r"n_head=0 is not valid"),
+    Case("n_embd%n_head", "train.py", [*TRAIN, "--n_embd=33"], r"n_embd=33 is not valid: .*n_embd % n_head == 0 \(with n_head=2\)"),
+    Case("learning_rate<0", "train.py", [*TRAIN, "--learning_rate=-1"], r"learning_rate=-1.0 is not valid"),
+    Case("min_lr<0", "train.py", [*TRAIN, "--min_lr=-1e-4"], r"min_lr=-0.0001 is not valid: .*0 <= min_lr"),
+    Case("min_lr>lr", "train.py", [*TRAIN, "--min_lr=0.5"], r"min_lr=0.5 is not valid: .*\(with learning_rate=0.001, decay_lr=True\)"),
+    Case("weight_decay<0", "train.py", [*TRAIN, "--weight_decay=-0.1"], r"weight_decay=-0.1 is not valid"),
+    Case("beta2=1.5", "train.py", [*TRAIN, "--beta2=1.5"], r"beta2=1.5 is not valid: .*0 <= beta2 < 1"),
+    Case("dropout=1.5", "train.py", [*TRAIN, "--dropout=1.5"], r"dropout=1.5 is not valid"),
+    Case("seed=-1", "train.py", [*TRAIN, "--seed=-1"], r"seed=-1 is not valid"),
+    Case("grad_clip<0", "train.py", [*TRAIN, "--grad_clip=-1"], r"grad_clip=-1.0 is not valid"),
+    Case("keep_last_n<0", "train.py", [*TRAIN, "--keep_last_n=-1"], r"keep_last_n=-1 is not valid"),
+    Case("log_format", "train.py", [*TRAIN, "--log_format=xml"], r"log_format='xml' is not valid: .*'text', 'json', 'quiet'"),
+    Case("backend", "train.py", [*TRAIN, "--backend=mpi"], r"backend='mpi' is not valid"),
+    Case("dtype", "train.py", [*TRAIN, "--dtype=float64"], r"dtype='float64' is not valid"),
+    Case("type", "train.py", [*TRAIN, "--batch_size=big"], r"config key 'batch_size' in flag '--batch_size=big' must be int"),
+    Case("unknown key", "train.py", [*TRAIN, "--lerning_rate=1"], r"unknown config key 'lerning_rate'.*did you mean 'learning_rate'"),
+    Case("init_from", "train.py", [*TRAIN, "--init_from=gpt5"], r"init_from='gpt5' is not scratch, resume, one of gpt2"),
+    Case("eval_only scratch", "train.py", [*TRAIN, "--eval_only=True"], r"eval_only=True evaluates a trained model"),
+    Case("device", "train.py", [*TRAIN, "--device=cuda"], r"device 'cuda' asked for but CUDA is not available"),
+    # ---- train.py: config files
+    Case("config missing", "train.py", ["{tmp}/nope.py", *TRAIN], r"config file '.*nope.py' not found"),
+    Case("config syntax", "train.py", ["{tmp}/exp.py", *TRAIN], r"config file '.*exp.py' line 2: syntax error",
+         setup=config_file("batch_size = 4\nlearning_rate = (\n")),
+    Case("config raises", "train.py", ["{tmp}/exp.py", *TRAIN], r"exp.py' line 2 raised ZeroDivisionError",
+         setup=config_file("batch_size = 4\nlearning_rate = 1 / 0\n")),
+    Case("config import", "train.py", ["{tmp}/exp.py", *TRAIN], r"exp.py' line 1 raised ModuleNotFoundError: No module named 'nonexistent'",
+         setup=config_file("import nonexistent\n")),
+    Case("config not utf8", "train.py", ["{tmp}/exp.py", *TRAIN], r"exp.py' is not UTF-8 text",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "exp.py"), NOT_UTF8)),
+    Case("config bad value", "train.py", [*TRAIN, "{tmp}/exp.py"], r"eval_iters=-3 is not valid",
+         setup=config_file("eval_iters = -3\n")),
+    # ---- train.py: the launcher's environment
+    Case("RANK without LOCAL_RANK", "train.py", TRAIN, r"RANK set but not LOCAL_RANK, WORLD_SIZE: launch with torchrun",
+         env={"RANK": "0"}),
+    Case("RANK not an int", "train.py", TRAIN, r"RANK, LOCAL_RANK and WORLD_SIZE must be integers",
+         env={"RANK": "zero", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}),
+    Case("RANK >= WORLD_SIZE", "train.py", TRAIN, r"RANK=2, LOCAL_RANK=0, WORLD_SIZE=2 do not fit together",
+         env={"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}),
+    # ---- train.py: out_dir
+    Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run's checkpoint: .*--overwrite=True"),
+    Case("out_dir not writable", "train.py", [*TRAIN, "--out_dir={tmp}/a_file/out"], r"out_dir .*a_file/out is not writable",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "a_file"), "not a folder")),
+    Case("out_dir in use", "train.py", [*TRAIN, "--out_dir={live}", "--overwrite=True"],
+         r"out_dir .*live is in use by train.py \(pid \d+ on .*\): wait for that run to end", runner=run_holding_the_lock),
+    # ---- train.py: checkpoints
+    Case("resume another shape", "train.py", [*RESUME, "--n_layer=3"], r"another model shape: n_layer=3 \(checkpoint: 2\)"),
+    Case("resume nothing", "train.py", [*RESUME, "--out_dir={tmp}/empty"], r"no checkpoint at .*empty/ckpt.pt"),
+    Case("torn checkpoint", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"checkpoint .*other/ckpt.pt cannot be read",
+         setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "other")), write(
+             os.path.join(tmp, "other", "ckpt.pt"), open(os.path.join(run, "ckpt.pt"), "rb").read()[:5000]))),
+    Case("foreign checkpoint", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"lacks \['best_iter', 'best_val_loss', 'config'",
+         setup=edit_checkpoint(lambda c: [c.pop(k) for k in list(c) if k not in ("model", "iter_num")])),
+    Case("model_args lacks a key", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"lacks \[\"model_args\['n_head'\]\"\]",
+         setup=edit_checkpoint(lambda c: c["model_args"].pop("n_head"))),
+    Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],
+         r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters", setup=other_vocabulary),
+    Case("full disk at checkpoint", "train.py", RESUME,
+         r"could not write checkpoint .*ckpt.pt \(.*\): the previous checkpoint is unchanged",
+         runner=file_size_limit(48_000), may_change=RUN_LOGS),
+    Case("SIGTERM with non-finite weights", "train.py",
+         [*RESUME, "--max_iters=1000", "--learning_rate=1e39", "--min_lr=0", "--grad_clip=0", "--max_nonfinite_steps=1000"],
+         r"the weights are not finite .* not saving them, so .*ckpt.pt keeps the last good state",
+         runner=sigterm_after_iter(6), may_change=RUN_LOGS),
+    Case("non-finite steps in a row", "train.py",
+         [*RESUME, "--max_iters=40", "--learning_rate=1e30", "--min_lr=0", "--grad_clip=0", "--max_nonfinite_steps=3"],
+         r"3 steps in a row had a non-finite loss .* the last good checkpoint .* kept", may_change=RUN_LOGS),
+    # ---- train.py: datasets
+    Case("dataset missing", "train.py", [*TRAIN, "--dataset={tmp}/nothing_here"], r"dataset '.*nothing_here' not found"),
+    Case("meta.json torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"other/meta.json is not valid JSON",
+         setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()[:40]))),
+    Case("meta.json lacks a key", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.json lacks \['vocab_size'\]",
+         setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()
+                                            .replace('"vocab_size"', '"vocab"')))),
+    Case("meta.json float16", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.json gives dtype 'float16', not uint16",
+         setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()
+                                            .replace('"uint16"', '"float16"')))),
+    Case("meta.pkl torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.pkl is torn or not a pickle",
+         setup=copy_dataset(nanogpt_layout(b"\x80\x04\x95\x10\x00"))),
+    Case("meta.pkl lacks itos", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.pkl lacks vocab_size or an itos table",
+         setup=copy_dataset(nanogpt_layout(b"\x80\x04}\x94\x8c\nvocab_size\x94K\x05s."))),
+    Case("token file torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"val.bin is \d+ bytes, not a whole number of 2-byte",
+         setup=copy_dataset(lambda d: open(os.path.join(d, "val.bin"), "ab").write(b"\x01"))),
+    Case("block_size past val", "train.py", [*TRAIN, "--block_size=100000"], r"block_size 100000 is not shorter than the val split"),
+    Case("sample_prompt", "train.py", [*TRAIN, "--sample_interval=1", "--sample_prompt=XYZ"],
+         r"the prompt has characters the dataset does not: \['X', 'Y', 'Z'\]"),
+    Case("gpt2 without transformers", "train.py", [*TRAIN, "--init_from=gpt2"],
+         r"loading GPT-2 weights needs Hugging Face transformers: pip install transformers", runner=WITHOUT_TRANSFORMERS),
+    Case("gpt2 offline", "train.py", [*TRAIN, "--init_from=gpt2"], r"could not load GPT-2 weights 'gpt2' .*pass that folder as init_from",
+         env={"HF_HUB_OFFLINE": "1", "HF_HOME": "{tmp}/hf"}),
+    # ---- sample.py
+    Case("sample temperature<0", "sample.py", ["--out_dir={run}", "--device=cpu", "--temperature=-1"], r"temperature=-1.0 is not valid"),
+    Case("sample top_k<0", "sample.py", ["--out_dir={run}", "--device=cpu", "--top_k=-1"], r"top_k=-1 is not valid"),
+    Case("sample num_samples=0", "sample.py", ["--out_dir={run}", "--device=cpu", "--num_samples=0"], r"num_samples=0 is not valid"),
+    Case("sample max_new_tokens=0", "sample.py", ["--out_dir={run}", "--device=cpu", "--max_new_tokens=0"], r"max_new_tokens=0 is not valid"),
+    Case("sample prompt file", "sample.py", ["--out_dir={run}", "--device=cpu", "--start=FILE:{tmp}/nope.txt"],
+         r"start='FILE:.*nope.txt': prompt file .*nope.txt not found"),
+    Case("sample prompt chars", "sample.py", ["--out_dir={run}", "--device=cpu", "--start=XYZ"], r"characters the dataset does not"),
+    Case("sample no checkpoint", "sample.py", ["--out_dir={tmp}", "--device=cpu"], r"no checkpoint at .*ckpt.pt"),
+    Case("sample which checkpoint", "sample.py", ["--out_dir={run}", "--device=cpu", "--checkpoint=ckpt_9.pt"], r"no checkpoint at .*ckpt_9.pt"),
+    Case("sample gpt2 without transformers", "sample.py", ["--init_from=gpt2", "--device=cpu"],
+         r"needs Hugging Face transformers", runner=WITHOUT_TRANSFORMERS),
+    Case("sample init_from", "sample.py", ["--out_dir={run}", "--device=cpu", "--init_from=gpt5"], r"init_from='gpt5' is not resume"),
+    # ---- plot.py
+    Case("plot missing", "plot.py", ["{tmp}"], r"metrics.csv not found: give the out_dir of a run"),
+    Case("plot empty", "plot.py", ["{tmp}"], r"metrics.csv is empty or has no header",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "metrics.csv"), "")),
+    Case("plot damaged row", "plot.py", ["{tmp}/other"], r"metrics.csv line 3 is damaged \(loss='x7' is not a number\)",
+         setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "other")), write(
+             os.path.join(tmp, "other", "metrics.csv"), "iter,tokens,loss\n1,8,4.1\n2,16,x7\n3,24,3.9\n"))),
+    Case("plot over a checkpoint", "plot.py", ["{run}", "--out={run}/ckpt.pt"], r"--out .*ckpt.pt does not end in .png"),
+    Case("plot smooth", "plot.py", ["{run}", "--smooth=1.5"], r"--smooth 1.5 is not in \[0, 1\)"),
+    Case("plot torn last row", "plot.py", ["{run}"], None, setup=torn_row, may_create={"plot.png"}),
+    # ---- data/prepare.py and data/shakespeare_char/prepare.py, into the prepared dataset's folder
+    Case("prepare empty", "data/prepare.py", ["--input", "{tmp}/empty.txt", "--out_dir", "{data}", "--tokenizer", "char"],
+         r"the corpus has no non-blank document",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "empty.txt"), "\n\n")),
+    Case("prepare binary", "data/prepare.py", ["--input", "{tmp}/blob.txt", "--out_dir", "{data}", "--tokenizer", "char"],
+         r"blob.txt is not UTF-8 text \(byte 1 is 0x", setup=lambda tmp, run, data: write(os.path.join(tmp, "blob.txt"),
+                                                                                        b"\x00\xff\xfe" * 100)),
+    Case("prepare NUL bytes", "data/prepare.py", ["--input", "{tmp}/nul.txt", "--out_dir", "{data}", "--tokenizer", "char"],
+         r"nul.txt holds NUL bytes", setup=lambda tmp, run, data: write(os.path.join(tmp, "nul.txt"), b"ab\x00cd" * 100)),
+    Case("prepare shard_tokens<0", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{data}", "--tokenizer", "char",
+                                                       "--shard_tokens=-1"], r"--shard_tokens -1 and --workers 0 must be >= 0",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "hello world\n" * 100)),
+    Case("prepare val_fraction=0", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{data}", "--tokenizer", "char",
+                                                       "--val_fraction=0"], r"--val_fraction 0.0 is not in \(0, 1\)",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "hello world\n" * 100)),
+    Case("prepare jsonl not a string", "data/prepare.py", ["--input", "{tmp}/d.jsonl", "--out_dir", "{data}", "--tokenizer",
+                                                           "char"], r"d.jsonl line 2: 'text' is a int, not a string",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "d.jsonl"), '{"text": "fine"}\n{"text": 7}\n')),
+    Case("prepare no val", "data/prepare.py", ["--input", "{tmp}/one.txt", "--out_dir", "{data}", "--tokenizer", "char"],
+         r"none of the 1 documents went to val",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "one.txt"), "a single document\n" * 50)),
+    Case("prepare bad rank file", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{data}", "--gpt2_tiktoken",
+                                                      "{tmp}/a.txt"], r"a.txt is not GPT-2's rank file",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "hello world\n" * 100)),
+    Case("char prepare not utf8", "data/shakespeare_char/prepare.py", ["--input", "{tmp}/latin1.txt", "--out_dir", "{data}"],
+         r"latin1.txt is not UTF-8 text", setup=lambda tmp, run, data: write(os.path.join(tmp, "latin1.txt"),
+                                                                             "caf\xe9 au lait\n".encode("latin-1") * 50)),
+    Case("char prepare tiny text", "data/shakespeare_char/prepare.py", ["--input", "{tmp}/tiny.txt", "--out_dir", "{data}"],
+         r"the text has 3 characters", setup=lambda tmp, run, data: write(os.path.join(tmp, "tiny.txt"), "abc")),
+    Case("char prepare missing", "data/shakespeare_char/prepare.py", ["--input", "{tmp}/nope.txt", "--out_dir", "{data}"],
+         r"--input .*nope.txt is not a file"),
+    # ---- bench.py
+    Case("bench batch_size=0", "bench.py", ["--device=cpu", "--batch_size=0"], r"batch_size=0 is not valid"),
+    Case("bench mode", "bench.py", ["--mode=fast"], r"mode='fast' is not valid"),
+    Case("bench n_embd%n_head", "bench.py", ["--device=cpu", "--n_head=5"], r"n_embd=768 is not valid"),
+]
+
+
+def digests(folder) -> dict[str, str]:
+    return {name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest()
+            for name in sorted(os.listdir(folder)) if os.path.isfile(os.path.join(folder, name))}
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """A small character dataset and a finished run on it: what every case gets a copy of."""
+    root = tmp_path_factory.mktemp("good")
+    data, run = str(root / "data"), str(root / "run")
+    load_module("data/shakespeare_char/prepare.py").prepare(made_up_text(3, 400, 7, 30_000), data)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                             *[a.format(data=data, run=run) for a in TRAIN]],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert {"ckpt.pt", "best.pt", "metrics.csv", "config.json", "run.json", "summary.json", "run.lock"} <= set(os.listdir(run))
+    return data, run
+
+
+def run_case(case: Case, data: str, run: str, base: str) -> dict:
+    tmp = os.path.join(base, re.sub(r"\W", "_", case.id))
+    os.makedirs(tmp)
+    folders = {"tmp": tmp, "run": os.path.join(tmp, "run"), "data": os.path.join(tmp, "data")}
+    shutil.copytree(run, folders["run"])
+    shutil.copytree(data, folders["data"])
+    if case.setup:
+        case.setup(tmp, folders["run"], folders["data"])
+    before = {k: digests(folders[k]) for k in ("run", "data")}
+    fill = lambda text: text.replace("{tmp}", tmp).replace("{run}", folders["run"]).replace("{data}", folders["data"])  # noqa: E731
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", **{k: fill(v) for k, v in case.env.items()}}
+    cmd = [sys.executable, os.path.join(ROOT, case.script), *map(fill, case.args)]
+    if case.runner:
+        result = case.runner(cmd, env, folders)
+    else:
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    after = {k: digests(folders[k]) for k in ("run", "data")}
+    return {"result": result, "before": before, "after": after}
+
+
+@pytest.fixture(scope="module")
+def outcomes(good, tmp_path_factory):
+    data, run = good
+    base = str(tmp_path_factory.mktemp("cases"))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {case.id: pool.submit(run_case, case, data, run, base) for case in CASES}
+        return {case_id: future for case_id, future in futures.items()}
+
+
+def test_there_are_enough_cases_over_every_script():
+    assert len(CASES) >= 50 and len({c.id for c in CASES}) == len(CASES)
+    assert {c.script for c in CASES} == {"train.py", "sample.py", "plot.py", "bench.py", "data/prepare.py",
+                                         "data/shakespeare_char/prepare.py"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_mistake(case, outcomes):
+    outcome = outcomes[case.id].result()  # re-raises what went wrong inside the case's run
+    result = outcome["result"]
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    if case.pattern is None:
+        assert result.returncode == 0 and not errors, result.stderr
+    else:
+        assert result.returncode != 0, result.stdout[-2000:]
+        assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr
+        assert re.search(case.pattern, errors[0]), errors[0]
+    for folder in ("run", "data"):
+        before, after = outcome["before"][folder], outcome["after"][folder]
+        kept = {name for name in before if name not in case.may_change}
+        assert {n: after.get(n) for n in kept} == {n: before[n] for n in kept}, f"{folder} files changed"
+        assert set(after) - set(before) <= case.may_create, f"{folder}: new files {set(after) - set(before)}"
