@@ -22,6 +22,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2 has; False is a bit faster and no worse
+    loss_chunk: int = 0  # rows of logits per chunk in the training loss (see ChunkedCrossEntropy); 0: all at once
 
 
 class LayerNorm(nn.Module):
@@ -88,6 +89,51 @@ class Block(nn.Module):
         return x
 
 
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits = h @ weight.T against targets (-1 ignored), computed `chunk` rows at a
+    time and recomputed in the backward pass, so the (rows, vocab) logits, in fp32 the largest tensor of a
+    GPT-2 step, never exist whole. Matmuls run in the autocast dtype when autocast is on; the softmax in
+    fp32 (or the inputs' dtype, if wider)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunk: int):
+        device_type = h.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else h.dtype
+        wide = torch.promote_types(h.dtype, torch.float32)
+        with torch.autocast(device_type, enabled=False):
+            hc, wc = h.to(dtype), weight.to(dtype)
+            lse = torch.empty(h.size(0), dtype=wide, device=h.device)
+            total = torch.zeros((), dtype=wide, device=h.device)
+            for s in range(0, h.size(0), chunk):
+                logits = (hc[s:s + chunk] @ wc.t()).to(wide)
+                lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
+                t = targets[s:s + chunk]
+                picked = logits.gather(1, t.clamp(min=0)[:, None])[:, 0]
+                total += ((lse[s:s + chunk] - picked) * (t != -1)).sum()
+        count = (targets != -1).sum().clamp(min=1)
+        ctx.save_for_backward(h, weight, targets, lse, count)
+        ctx.chunk, ctx.dtype = chunk, dtype
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, weight, targets, lse, count = ctx.saved_tensors
+        with torch.autocast(h.device.type, enabled=False):
+            hc, wc = h.to(ctx.dtype), weight.to(ctx.dtype)
+            grad_h = torch.empty_like(h)
+            grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device)
+            scale = grad / count
+            for s in range(0, h.size(0), ctx.chunk):
+                t = targets[s:s + ctx.chunk]
+                # d loss / d logits = softmax - onehot(target), per kept row, times the upstream gradient
+                dlogits = torch.exp((hc[s:s + ctx.chunk] @ wc.t()).to(lse.dtype) - lse[s:s + ctx.chunk, None])
+                dlogits.scatter_add_(1, t.clamp(min=0)[:, None], torch.full_like(dlogits[:, :1], -1.0))
+                dlogits = (dlogits * ((t != -1)[:, None] * scale)).to(ctx.dtype)
+                grad_h[s:s + ctx.chunk] = (dlogits @ wc).to(h.dtype)
+                grad_w += (dlogits.t() @ hc[s:s + ctx.chunk]).to(lse.dtype)
+        return grad_h, grad_w.to(weight.dtype), None, None
+
+
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes on the Hugging Face hub
 
 
@@ -138,7 +184,11 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)
-        if targets is not None:
+        if targets is not None and self.config.loss_chunk > 0:  # the loss without the full logits, which are not returned
+            logits = None
+            loss = ChunkedCrossEntropy.apply(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1),
+                                             self.config.loss_chunk)
+        elif targets is not None:
             logits = self.lm_head(x)  # (B, T, vocab_size)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         else:

@@ -32,6 +32,7 @@ from common import (FolderLock, UserError, autocast_context, check_device, compi
                     resolve_dtype)
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from model import GPT, PRETRAINED, GPTConfig
+from optimizers import nonfinite_flag, skips_on_device, take_step
 from report import Reporter
 from tokenizer import dataset_codec
 
@@ -66,6 +67,7 @@ n_head = 12  # attention heads per block [n_head > 0]
 n_embd = 768  # width of the residual stream, split evenly among the heads [n_embd > 0 and n_embd % n_head == 0]
 dropout = 0.0  # 0 for pretraining, try 0.1+ for finetuning [0 <= dropout < 1]
 bias = False  # biases in Linear and LayerNorm layers
+loss_chunk = 0  # compute the training loss this many rows of logits at a time, never holding all (B*T, vocab) logits: less memory at GPT-2's vocabulary, one more lm_head matmul; 0: all at once [loss_chunk >= 0]
 # ---- AdamW optimizer
 learning_rate = 6e-4  # peak learning rate [0 < learning_rate < inf]
 max_iters = 600000  # optimizer steps in the whole run [max_iters > 0]
@@ -84,6 +86,7 @@ ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model: slower start, faster steps
+sync_every_step = False  # read each step's skip and stop verdicts on the host (a device sync per step); False reads them once per log line
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 
@@ -194,23 +197,12 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
             x, y = batch_fn(split, k)
             with ctx:
                 _, loss = model(x, y)
-            losses[k] = loss.item()
+            losses[k] = loss.detach()  # stays on the device: one sync per split, not one per batch
         if world_size > 1:
             dist.all_reduce(losses)
         out[split] = losses.mean().item()
     model.train()
     return out
-
-
-def step_verdicts(loss_sum, grad_norm, stop_requested: bool, loss_scaling: bool, ddp: bool) -> tuple[bool, bool]:
-    """(skip this step, stop the run), agreed by every rank through one small all-reduce: a non-finite loss
-    anywhere skips the step everywhere (with fp16 an overflowing gradient is normal and left to the
-    GradScaler), and a signal anywhere stops all."""
-    status = torch.stack([(~torch.isfinite(loss_sum)).float(), torch.tensor(float(stop_requested), device=loss_sum.device),
-                          (~torch.isfinite(grad_norm)).float() * (not loss_scaling)])
-    if ddp:
-        dist.all_reduce(status, op=dist.ReduceOp.MAX)
-    return bool(status[0] or status[2]), bool(status[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +274,7 @@ if __name__ == "__main__":
     # ---- model init
     iter_num, tokens_seen, best_val_loss, best_iter = 0, 0, float("inf"), None
     model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
-                      vocab_size=data["vocab_size"] or 50304, dropout=dropout)  # 50304: GPT-2's 50257 padded for speed
+                      vocab_size=data["vocab_size"] or 50304, dropout=dropout, loss_chunk=loss_chunk)  # 50304: GPT-2's 50257 padded for speed
     if init_from == "scratch":
         model = GPT(GPTConfig(**model_args))
     elif init_from == "resume":
@@ -290,6 +282,7 @@ if __name__ == "__main__":
         model = GPT(GPTConfig(**model_args))  # its state is restored with the optimizer's, below
     else:  # GPT-2 weights, by name or from a folder
         model = load_pretrained(init_from, dropout)
+        model.config.loss_chunk = loss_chunk
         for k in SHAPE_KEYS:
             model_args[k] = getattr(model.config, k)
     if block_size < model.config.block_size:
@@ -378,7 +371,9 @@ if __name__ == "__main__":
     stop = StopFlag()
 
     # ---- training loop
-    nonfinite_in_a_row, skipped_steps, evals_done, last_losses = 0, 0, 0, None
+    skip_on_device = not sync_every_step and skips_on_device(optimizer)
+    skipped_steps, in_a_row, worst_in_a_row = (torch.zeros((), device=device) for _ in range(3))
+    skipped_reported, evals_done, last_losses = 0, 0, None
     t_start, train_time, start_iter = time.time(), 0.0, iter_num
     X, Y = train_batch(iter_num, 0)
     t_log, iters_since_log = time.time(), 0
@@ -418,45 +413,50 @@ if __name__ == "__main__":
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-        nonfinite, stop_now = step_verdicts(loss_sum, grad_norm, stop.requested, scaler.is_enabled(), ddp)
-        if nonfinite and not scaler.is_enabled():
-            optimizer.zero_grad(set_to_none=True)  # skip the update; the weights stay as they were
-        else:
-            scaler.step(optimizer)  # with fp16, the scaler itself skips steps whose gradients overflowed
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-        nonfinite_in_a_row = nonfinite_in_a_row + 1 if nonfinite else 0
-        skipped_steps += nonfinite
+        skip = nonfinite_flag(loss_sum, grad_norm, scaler.is_enabled(), ddp)
+        take_step(optimizer, scaler, skip, on_device=skip_on_device)
+        skipped_steps += skip  # these three stay on the device until the next check
+        in_a_row = (in_a_row + skip) * skip
+        worst_in_a_row = torch.maximum(worst_in_a_row, in_a_row)
         iter_num += 1
         tokens_seen += tokens_per_iter
         iters_since_log += 1
-        if nonfinite:
-            report.print(f"iter {iter_num}: non-finite loss or gradient norm, step skipped ({skipped_steps} so far)")
-            if nonfinite_in_a_row >= max_nonfinite_steps:
-                raise UserError(f"{nonfinite_in_a_row} steps in a row had a non-finite loss or gradient norm (at iter "
+
+        # the host looks at the verdicts every step only when asked to (or the optimizer cannot skip on the
+        # device); otherwise once per log line, so the device's queue is never drained mid-interval
+        log_now = iter_num % log_interval == 0 or iter_num == max_iters
+        if log_now or sync_every_step or not skip_on_device:
+            stop_flag = torch.tensor(float(stop.requested), device=device)
+            if ddp:
+                dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)  # a signal to any one rank stops them all
+                if log_now:
+                    dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)  # the mean over every rank's micro-steps
+            loss_value, grad_value, skipped, worst, stop_now = torch.stack(
+                [loss_sum, grad_norm.float(), skipped_steps, worst_in_a_row, stop_flag]).tolist()  # one sync
+            if skipped > skipped_reported:
+                skipped_reported = int(skipped)
+                report.print(f"iter {iter_num}: non-finite loss or gradient norm, {skipped_reported} steps skipped so far")
+            if worst >= max_nonfinite_steps:
+                raise UserError(f"{int(worst)} steps in a row had a non-finite loss or gradient norm (by iter "
                                 f"{iter_num}): stopping with the last good checkpoint in {out_dir} kept; lower "
                                 "learning_rate, raise warmup_iters or check the data")
-
-        if iter_num % log_interval == 0 or iter_num == max_iters:
-            if ddp:
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)  # the mean over every rank's micro-steps
-            loss_value = loss_sum.item()  # also waits for the device, so the timing below is real
-            t_now = time.time()
-            dt = (t_now - t_log) / iters_since_log
-            train_time += t_now - t_log
-            t_log, iters_since_log = t_now, 0
-            report.step(iter_num, max_iters, tokens_seen, loss_value, lr, grad_norm.item(), dt, tokens_per_iter / dt,
-                        raw_model.estimate_mfu(tokens_per_iter // world_size, dt, peak), t_now - t_start,
-                        iter_num - start_iter, train_time)
-        if stop_now:
-            save(evaluated=False, improved=False)
-            report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume")
-            break
+            if log_now:
+                t_now = time.time()  # after the sync above, so the timing is real
+                dt = (t_now - t_log) / iters_since_log
+                train_time += t_now - t_log
+                t_log, iters_since_log = t_now, 0
+                report.step(iter_num, max_iters, tokens_seen, loss_value, lr, grad_value, dt, tokens_per_iter / dt,
+                            raw_model.estimate_mfu(tokens_per_iter // world_size, dt, peak), t_now - t_start,
+                            iter_num - start_iter, train_time)
+            if stop_now:
+                save(evaluated=False, improved=False)
+                report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume")
+                break
 
     # ---- summary
     steps_done = iter_num - start_iter
     report.summary({
-        "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stop.requested, "skipped_steps": skipped_steps,
+        "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stop.requested, "skipped_steps": int(skipped_steps.item()),
         "final_train_loss": last_losses["train"] if last_losses else None,
         "final_val_loss": last_losses["val"] if last_losses else None,
         "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else None, "best_iter": best_iter,

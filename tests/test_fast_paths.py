@@ -1,0 +1,81 @@
+"""Each speed setting against the plain path it replaces: the same numbers, on the CPU."""
+import copy
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from optimizers import nonfinite_flag, skips_on_device, take_step
+
+
+def tiny_gpt(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=2, n_embd=32, bias=False))
+
+
+def test_skipping_on_the_device_skips_exactly_the_steps_the_host_check_skips():
+    models = [tiny_gpt(), tiny_gpt()]
+    optimizers = [m.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu") for m in models]
+    assert all(skips_on_device(o) for o in optimizers)  # fused AdamW on the CPU
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    poisoned = {2: "loss", 5: "grad", 6: "grad"}  # steps whose loss or gradient is made non-finite
+    generator = torch.Generator().manual_seed(1)
+    for step in range(9):
+        x = torch.randint(37, (4, 16), generator=generator)
+        y = torch.randint(37, (4, 16), generator=generator)
+        before = [copy.deepcopy(m.state_dict()) for m in models]
+        for model, optimizer, on_device in zip(models, optimizers, (False, True)):
+            _, loss = model(x, y)
+            loss.backward()
+            if poisoned.get(step) == "grad":
+                model.transformer.h[0].mlp.c_fc.weight.grad[0, 0] = float("inf")
+            loss_sum = loss.detach() * (float("nan") if poisoned.get(step) == "loss" else 1.0)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            skip = nonfinite_flag(loss_sum, grad_norm, loss_scaling=False, ddp=False)
+            assert skip.item() == (step in poisoned)
+            take_step(optimizer, scaler, skip, on_device=on_device)
+        host, device = (m.state_dict() for m in models)
+        assert all(torch.equal(host[k], device[k]) for k in host), f"step {step}"
+        if step in poisoned:  # a skipped step leaves the weights as they were
+            assert all(torch.equal(before[1][k], device[k]) for k in device)
+    states = [o.state_dict()["state"] for o in optimizers]
+    for i in states[0]:
+        assert all(torch.equal(states[0][i][k], states[1][i][k]) for k in states[0][i])
+        assert states[1][i]["step"].item() == 9 - len(poisoned)  # skipped steps are not counted by Adam
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_chunked_cross_entropy_equals_f_cross_entropy_in_value_and_gradient(chunk):
+    torch.manual_seed(0)
+    h = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(29, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(29, (50,))
+    targets[[3, 17, 40]] = -1  # ignored positions
+    reference = torch.nn.functional.cross_entropy(h @ weight.t(), targets, ignore_index=-1)
+    reference.backward()
+    expected = (reference.detach(), h.grad.clone(), weight.grad.clone())
+    h.grad, weight.grad = None, None
+    from model import ChunkedCrossEntropy
+    loss = ChunkedCrossEntropy.apply(h, weight, targets, chunk)
+    (loss * 3).backward()  # an upstream gradient other than 1
+    assert torch.allclose(loss, expected[0], rtol=1e-12, atol=1e-12)
+    assert torch.allclose(h.grad, 3 * expected[1], rtol=1e-10, atol=1e-12)
+    assert torch.allclose(weight.grad, 3 * expected[2], rtol=1e-10, atol=1e-12)
+
+
+def test_a_model_with_a_chunked_loss_trains_like_the_plain_one():
+    plain, chunked = tiny_gpt(), tiny_gpt()
+    chunked.config.loss_chunk = 24
+    x, y = torch.randint(37, (4, 16), generator=torch.Generator().manual_seed(2)), None
+    y = torch.roll(x, -1, dims=1)
+    for model in (plain, chunked):
+        _, loss = model(x, y)
+        loss.backward()
+        model.loss = loss.item()
+    assert chunked.loss == pytest.approx(plain.loss, rel=1e-6)
+    for (name, a), b in zip(plain.named_parameters(), chunked.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), name
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # in bf16 the matmuls round alike; the softmax is fp32 in both
+        _, loss_plain = plain(x, y)
+        _, loss_chunked = chunked(x, y)
+    assert loss_chunked.item() == pytest.approx(loss_plain.item(), rel=2e-2)
