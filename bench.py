@@ -3,10 +3,16 @@ Benchmarks. By default, times training steps (forward, backward, optimizer step)
 warm-up excluded, and prints ms/iter, tokens/s and MFU (where the device's peak FLOP/s is known; see
 common.PEAK_FLOPS):
 
-    python bench.py                                   # GPT-2 124M, batch 12 x 1024, synthetic tokens
+    python bench.py                                   # GPT-2 124M, batch 12 x 1024, random tokens (on a GPU)
     python bench.py --real_data=True --dataset=openwebtext
-    python bench.py --device=cpu --compile=False --n_layer=4 --n_head=4 --n_embd=128 --block_size=64
-    python bench.py --profile=True                    # also writes a torch profiler trace to bench_trace/
+    python bench.py config/train_shakespeare_char.py  # a training config's model and batch (its other keys ignored)
+    python bench.py --device=cpu                      # a small model (CPU_MODEL) that times in seconds
+    python bench.py --profile=True                    # writes a torch profiler trace to bench_trace/ instead
+
+Every speed claim is a ratio from one process: --compare times a second config, given as flags on top of
+the first, in alternation with it, and prints the tokens/s ratio with its spread over rounds:
+
+    python bench.py config/train_shakespeare_char.py --device=cpu --compare="--compile=False"
 
 The data pipeline, on CPU:
 
@@ -16,6 +22,8 @@ The data pipeline, on CPU:
 import glob
 import os
 import random
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,25 +33,36 @@ import numpy as np
 import torch
 
 import configurator
-from common import UserError, excepthook, peak_flops
+from common import UserError, check_device, excepthook, peak_flops
 from model import GPT, GPTConfig
 
 mode = "train"  # 'train' times training steps; 'get_batch' and 'prepare' time the data pipeline [mode in ('train', 'get_batch', 'prepare')]
 # ---- data
-batch_size = 12  # sequences per step [batch_size > 0]
+batch_size = 12  # sequences per micro-step [batch_size > 0]
 block_size = 1024  # tokens per sequence [block_size > 0]
+gradient_accumulation_steps = 1  # micro-steps per optimizer step, as in train.py (one process here) [gradient_accumulation_steps > 0]
 real_data = False  # sample batches from the dataset's train split instead of random tokens
-dataset = "openwebtext"  # with real_data: a folder under data/ or a path
+dataset = "openwebtext"  # a folder under data/ or a path: real_data reads it, and vocab_size=0 takes its vocabulary
 # ---- model
 n_layer = 12  # transformer blocks [n_layer > 0]
 n_head = 12  # attention heads per block [n_head > 0]
 n_embd = 768  # width of the residual stream, split evenly among the heads [n_embd > 0 and n_embd % n_head == 0]
-vocab_size = 50304  # GPT-2's vocabulary padded to a multiple of 64 [vocab_size > 0]
+vocab_size = 0  # 0: the dataset's vocabulary where its meta.json or meta.pkl says, else GPT-2's padded 50304 [vocab_size >= 0]
 bias = False  # biases in Linear and LayerNorm layers
 dropout = 0.0  # dropout rate [0 <= dropout < 1]
+loss_chunk = 0  # as in train.py: rows of logits per chunk of the training loss; 0 computes them all at once [loss_chunk >= 0]
+# ---- optimizer, as in train.py
+learning_rate = 6e-4  # AdamW learning rate [0 < learning_rate < inf]
+weight_decay = 1e-1  # decoupled weight decay on matrices [0 <= weight_decay < inf]
+beta1 = 0.9  # AdamW beta1 [0 <= beta1 < 1]
+beta2 = 0.95  # AdamW beta2 [0 <= beta2 < 1]
+grad_clip = 1.0  # clip the global gradient norm to this; 0 disables clipping [0 <= grad_clip < inf]
+sync_every_step = False  # as in train.py: read each step's skip verdict on the host (a device sync per step)
 # ---- timing
 warmup_steps = 10  # untimed steps first: compilation, allocator and cache warm-up [warmup_steps >= 0]
-num_steps = 20  # timed steps [num_steps > 0]
+num_steps = 20  # timed steps (per round, with compare) [num_steps > 0]
+compare = ""  # flags for a second config to time against this one, in alternation, e.g. "--compile=False"; prints the speed ratio
+rounds = 5  # with compare: rounds of num_steps steps of each config in turn; the ratio's spread is over rounds [rounds > 0]
 profile = False  # write a torch profiler trace (bench_trace/, for TensorBoard or Perfetto) instead of timing
 seed = 1337  # seeds init and the batches [0 <= seed < 2**63]
 # ---- data pipeline benchmarks
@@ -52,10 +71,19 @@ corpus_text = "data/shakespeare_char/input.txt"  # --mode=prepare: text to build
 corpus_mb = 300  # --mode=prepare: corpus size in MB, as files of about 1 MB of shuffled paragraphs [corpus_mb > 0]
 gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without network
 # ---- system
-device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
+device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU the untouched model keys shrink to CPU_MODEL
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
-compile = True  # torch.compile the model
+compile = True  # torch.compile the model (after a test compile; without it where that fails)
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
+
+# train.py settings that do not change what a step costs: a training config file may set them, and bench
+# ignores them (tests/test_training.py checks that every train.py setting is here or a bench setting)
+TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval_iters", "eval_only",
+                 "always_save_checkpoint", "keep_last_n", "max_nonfinite_steps", "init_from", "overwrite",
+                 "sample_interval", "sample_prompt", "sample_tokens", "wandb_log", "wandb_project", "wandb_run_name",
+                 "max_iters", "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "backend", "ddp_timeout")
+# GPT-2 124M at 12 x 1024 takes minutes per step on a CPU; there, model keys left at their defaults take these
+CPU_MODEL = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
 
 
 def synchronize(device_type: str):
@@ -167,9 +195,117 @@ def bench_prepare(text_path: str, sizes_mb: list[int], rank_file: str):
                   f"{tokens / seconds:,.0f} tokens/s, peak memory {peak / 2**20:,.0f} MiB")
 
 
+def resolve_device(device: str) -> str:
+    """'auto' is the GPU where there is one, else the CPU."""
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def dataset_vocab_size(dataset: str) -> int | None:
+    """The vocabulary a prepared dataset declares, or None (not prepared, or nanoGPT's layout without meta.pkl)."""
+    from dataset import find_dataset, read_meta, read_meta_pkl
+    try:
+        data_dir = find_dataset(dataset)
+    except UserError:
+        return None
+    meta = read_meta(data_dir) or read_meta_pkl(data_dir)
+    return meta["vocab_size"] if meta else None
+
+
+def build(cfg: dict) -> dict:
+    """A training step of the config cfg, ready to time: {'step': f(i) -> loss, 'model', 'tokens_per_step',
+    'device_type'}. The step is train.py's: micro-steps, gradient clipping, the skip verdict, the update."""
+    from common import autocast_context, compile_problem, resolve_dtype
+    from dataset import get_batch, load_dataset
+    from optimizers import nonfinite_flag, skips_on_device, take_step
+
+    device = cfg["device"]
+    device_type = check_device(device)
+    dtype = resolve_dtype(cfg["dtype"], device_type)
+    ctx = autocast_context(device_type, dtype)
+    torch.manual_seed(cfg["seed"])
+    vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"]) or 50304
+    B, T = cfg["batch_size"], cfg["block_size"]
+    if cfg["real_data"]:
+        data = load_dataset(cfg["dataset"], T)
+
+        def batch(i):
+            return get_batch(data["splits"]["train"], data["dtype"], B, T, (cfg["seed"], 0, i), device)
+    else:
+        tokens = torch.randint(vocab, (B, T + 1), generator=torch.Generator().manual_seed(cfg["seed"]))
+        x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+        def batch(i):
+            return x, y
+    model = GPT(GPTConfig(block_size=T, vocab_size=vocab, n_layer=cfg["n_layer"], n_head=cfg["n_head"],
+                          n_embd=cfg["n_embd"], bias=cfg["bias"], dropout=cfg["dropout"],
+                          loss_chunk=cfg["loss_chunk"])).to(device)
+    optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
+                                           device_type)
+    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
+    on_device = not cfg["sync_every_step"] and skips_on_device(optimizer)
+    problem = compile_problem(device) if cfg["compile"] else None
+    if problem:
+        print(f"warning: compile=True but {problem}: timing without torch.compile", file=sys.stderr)
+    train_model = torch.compile(model) if cfg["compile"] and not problem else model
+    accum, clip = cfg["gradient_accumulation_steps"], cfg["grad_clip"] or float("inf")
+
+    def step(i):
+        """One optimizer step; returns the loss tensor (not synchronised)."""
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            x, y = batch(i * accum + micro)
+            with ctx:
+                _, loss = train_model(x, y)
+            scaler.scale(loss / accum).backward()
+            loss_sum += loss.detach() / accum
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        take_step(optimizer, scaler, nonfinite_flag(loss_sum, grad_norm, scaler.is_enabled(), False), on_device)
+        return loss_sum
+
+    print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
+          f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}")
+    return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type}
+
+
+def time_steps(run: dict, first: int, n: int) -> tuple[float, torch.Tensor]:
+    """Seconds per step of n steps from step `first`, the device drained before and after; and the last loss."""
+    synchronize(run["device_type"])
+    t0 = time.perf_counter()
+    for i in range(first, first + n):
+        loss = run["step"](i)
+    synchronize(run["device_type"])
+    return (time.perf_counter() - t0) / n, loss
+
+
+def figures(run: dict, dt: float, device: str) -> str:
+    """ms/iter, tokens/s and MFU of a step time."""
+    mfu = run["model"].estimate_mfu(run["tokens_per_step"], dt, peak_flops(device))
+    return (f"{dt * 1000:.2f} ms/iter, {run['tokens_per_step'] / dt:,.0f} tokens/s"
+            + (f", MFU {mfu * 100:.1f}%" if mfu is not None else ""))
+
+
+def warm_up(run: dict, label: str):
+    t0 = time.perf_counter()
+    for i in range(warmup_steps):
+        run["step"](i)
+    synchronize(run["device_type"])
+    print(f"{label}warm-up: {warmup_steps} steps in {time.perf_counter() - t0:.1f} s (compilation included)", flush=True)
+
+
 if __name__ == "__main__":
     sys.excepthook = excepthook
-    config = configurator.configure(config_defaults, sys.argv[1:], __file__)
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__, ignored=TRAINING_ONLY)
+    config["device"] = resolve_device(config["device"])
+    if check_device(config["device"]) == "cpu":
+        shrunk = {k: v for k, v in CPU_MODEL.items() if config[k] == config_defaults[k]}
+        if shrunk:
+            config.update(shrunk)
+            configurator.check_rules(config, configurator.rules(__file__, config))  # e.g. n_head=6 with n_embd 128
+            print("on a CPU, the model keys left at their defaults are shrunk: "
+                  + ", ".join(f"{k}={v}" for k, v in shrunk.items()))
     globals().update(config)
     if mode == "get_batch":
         bench_get_batch(batch_size, block_size, token_file_tokens)
@@ -177,78 +313,48 @@ if __name__ == "__main__":
     if mode == "prepare":
         bench_prepare(corpus_text, sorted({max(1, corpus_mb // 3), corpus_mb}), gpt2_tiktoken)
         sys.exit(0)
-    from common import autocast_context, check_device, compile_problem, resolve_dtype
-    from dataset import get_batch, load_dataset
-
-    device_type = check_device(device)
-    dtype = resolve_dtype(dtype, device_type)
-    torch.manual_seed(seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    ctx = autocast_context(device_type, dtype)
 
-    if real_data:
-        data = load_dataset(dataset, block_size)
+    if compare:  # two configs, timed in alternation in this one process: their ratio, and its spread over rounds
+        other = configurator.configure(config, shlex.split(compare), __file__, ignored=TRAINING_ONLY)
+        changed = {k: v for k, v in other.items() if v != config[k]}
+        if not changed:
+            raise UserError(f"compare={compare!r} changes no setting: give flags such as \"--compile=False\"")
+        print("A: " + ", ".join(f"{k}={config[k]!r}" for k in changed) + "\nB: "
+              + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
+        runs = {"A": build(config), "B": build(other)}
+        for label, run in runs.items():
+            warm_up(run, f"{label} ")
+        times = {"A": [], "B": []}
+        for r in range(rounds):
+            for label, run in runs.items():
+                times[label].append(time_steps(run, warmup_steps + r * num_steps, num_steps)[0])
+            print(f"round {r + 1}/{rounds}: A {times['A'][-1] * 1000:.2f} ms/iter, B {times['B'][-1] * 1000:.2f} ms/iter",
+                  flush=True)
+        for label, run in runs.items():
+            print(f"{label}: {figures(run, statistics.median(times[label]), device)} (median of {rounds} rounds)")
+        # throughput ratio per round (tokens per step may differ between A and B)
+        ratios = sorted(runs["B"]["tokens_per_step"] / b / (runs["A"]["tokens_per_step"] / a)
+                        for a, b in zip(times["A"], times["B"]))
+        print(f"B/A tokens/s: {statistics.median(ratios):.3f}x (min {ratios[0]:.3f}x, max {ratios[-1]:.3f}x over "
+              f"{rounds} rounds of {num_steps} steps, alternating)")
+        sys.exit(0)
 
-        def batch(step):
-            return get_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, (seed, 0, step, 0), device)
-    else:
-        tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=torch.Generator().manual_seed(seed))
-        x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-
-        def batch(step):
-            return x, y
-
-    model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                          n_embd=n_embd, bias=bias, dropout=dropout)).to(device)
-    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
-    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
-    problem = compile_problem(device) if compile else None
-    if problem:
-        print(f"warning: compile=True but {problem}: timing without torch.compile", file=sys.stderr)
-        compile = False
-    train_model = torch.compile(model) if compile else model
-    print(f"{model.get_num_params() / 1e6:.2f}M parameters, batch {batch_size} x {block_size}, "
-          f"device {device}, dtype {dtype}, compile {compile}")
-
-    def step(i):
-        """One training step; returns the loss tensor (not synchronised)."""
-        x, y = batch(i)
-        with ctx:
-            _, loss = train_model(x, y)
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    for i in range(warmup_steps):
-        step(i)
-    synchronize(device_type)
-    if device_type == "cuda":
+    run = build(config)
+    warm_up(run, "")
+    if run["device_type"] == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
     if profile:
         from torch.profiler import ProfilerActivity, profile as torch_profile, tensorboard_trace_handler
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run["device_type"] == "cuda" else [])
         with torch_profile(activities=activities, on_trace_ready=tensorboard_trace_handler("bench_trace")) as prof:
-            for i in range(num_steps):
-                step(warmup_steps + i)
-            synchronize(device_type)
+            time_steps(run, warmup_steps, num_steps)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
         print("trace written to bench_trace/")
     else:
-        t0 = time.perf_counter()
-        for i in range(num_steps):
-            loss = step(warmup_steps + i)
-        synchronize(device_type)
-        dt = (time.perf_counter() - t0) / num_steps
-        tokens_per_step = batch_size * block_size
-        mfu = model.estimate_mfu(tokens_per_step, dt, peak_flops(device))
-        mfu_text = f", MFU {mfu * 100:.1f}%" if mfu is not None else " (MFU: peak FLOP/s unknown for this device)"
+        dt, loss = time_steps(run, warmup_steps, num_steps)
+        mfu_text = "" if peak_flops(device) else " (MFU: peak FLOP/s unknown for this device)"
         memory_text = (f", peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
-                       if device_type == "cuda" else "")
-        print(f"{dt * 1000:.2f} ms/iter, {tokens_per_step / dt:,.0f} tokens/s{mfu_text}{memory_text}; "
-              f"final loss {loss.item():.4f}")
+                       if run["device_type"] == "cuda" else "")
+        print(f"{figures(run, dt, device)}{mfu_text}{memory_text}; final loss {loss.item():.4f}")

@@ -61,8 +61,9 @@ def parse_value(raw: str, default):
     return value
 
 
-def apply_file(path: str, config: dict) -> dict:
-    """Run a config file with the current settings in scope and return the settings it changed."""
+def apply_file(path: str, config: dict, ignored=()) -> dict:
+    """Run a config file with the current settings in scope and return the settings it changed; keys in
+    `ignored` are accepted and dropped."""
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' not found: give a path such as config/train_shakespeare_char.py")
     try:
@@ -83,27 +84,31 @@ def apply_file(path: str, config: dict) -> dict:
         raise UserError(f"config file '{path}' line {line} raised {e.__class__.__name__}: {e}") from None
     changed = {}
     for key, value in scope.items():
-        if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
+        if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)) or key in ignored:
             continue  # imports, helpers and private names in a config file are its own business
         if key not in config or value is not config[key]:
             changed[key] = _checked(key, value, config, f"config file '{path}'")
     return changed
 
 
-def configure(config: dict, argv: list[str], script: str | None = None) -> dict:
-    """Return a copy of config with the config files and --key=value flags in argv applied in order.
-    With --help (or -h) in argv, print the settings of `script` (see describe) and exit."""
+def configure(config: dict, argv: list[str], script: str | None = None, ignored=()) -> dict:
+    """Return a copy of config with the config files and --key=value flags in argv applied in order, then
+    check the rules of `script`'s settings. Keys in `ignored` (another script's settings that this one has
+    no use for) are accepted and dropped. With --help (or -h) in argv, print the settings of `script`
+    (see describe) and exit."""
     if script is not None and ("--help" in argv or "-h" in argv):
         print(describe(script, config))
         sys.exit(0)
     config = dict(config)
     for arg in argv:
         if not arg.startswith("--"):
-            config.update(apply_file(arg, config))
+            config.update(apply_file(arg, config, ignored))
             continue
         key, sep, raw = arg[2:].partition("=")  # split on the first '=' only: --wandb_run_name=lr=3e-4
         if not sep:
             raise UserError(f"flag '{arg}' has no value: write --{key}=VALUE")
+        if key in ignored:
+            continue
         config[key] = _checked(key, parse_value(raw, config.get(key)), config, f"flag '{arg}'")
     if script is not None:
         check_rules(config, rules(script, config))

@@ -3,11 +3,12 @@ import glob
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
 
-from conftest import char_vocab_size, read_metrics, run_script, step_losses, tiny_args
+from conftest import ROOT, char_vocab_size, read_metrics, run_script, step_losses, tiny_args
 
 pytestmark = pytest.mark.slow  # each test runs the scripts end to end
 
@@ -141,6 +142,26 @@ def test_bench_reports_time_per_iteration(tmp_path):
                         cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "ms/iter" in result.stdout and "tokens/s" in result.stdout
+
+
+def test_bench_takes_a_training_config_and_compares_two_configs_in_one_process(char_data, tmp_path):
+    result = run_script("bench.py", os.path.join(ROOT, "config", "train_shakespeare_char.py"), f"--dataset={char_data}",
+                        "--device=cpu", "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32",
+                        "--batch_size=4", "--warmup_steps=1", "--num_steps=2", "--rounds=3",
+                        "--compare=--loss_chunk=40 --batch_size=8", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"vocab {char_vocab_size(char_data)}, 1 x 4 x 32 tokens" in result.stdout  # the dataset's vocabulary
+    assert "A: batch_size=4, loss_chunk=0\nB: batch_size=8, loss_chunk=40" in result.stdout  # in settings order
+    assert len(re.findall(r"^round \d/3: A [\d.]+ ms/iter, B [\d.]+ ms/iter$", result.stdout, re.M)) == 3
+    ratio = re.search(r"^B/A tokens/s: ([\d.]+)x \(min ([\d.]+)x, max ([\d.]+)x over 3 rounds", result.stdout, re.M)
+    assert ratio and float(ratio[2]) <= float(ratio[1]) <= float(ratio[3])
+
+
+def test_every_train_setting_is_a_bench_setting_or_declared_irrelevant_to_speed():
+    import bench
+    import train
+    assert set(bench.TRAINING_ONLY) <= set(train.config_defaults)
+    assert set(train.config_defaults) - set(bench.config_defaults) - set(bench.TRAINING_ONLY) == set()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
