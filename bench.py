@@ -74,6 +74,7 @@ gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without ne
 device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU the untouched model keys shrink to CPU_MODEL
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model (after a test compile; without it where that fails)
+compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 # train.py settings that do not change what a step costs: a training config file may set them, and bench
@@ -248,7 +249,8 @@ def build(cfg: dict) -> dict:
     problem = compile_problem(device) if cfg["compile"] else None
     if problem:
         print(f"warning: compile=True but {problem}: timing without torch.compile", file=sys.stderr)
-    train_model = torch.compile(model) if cfg["compile"] and not problem else model
+    how = None if cfg["compile_mode"] == "default" else cfg["compile_mode"]
+    train_model = torch.compile(model, mode=how) if cfg["compile"] and not problem else model
     accum, clip = cfg["gradient_accumulation_steps"], cfg["grad_clip"] or float("inf")
 
     def step(i):

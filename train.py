@@ -86,6 +86,7 @@ ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model: slower start, faster steps
+compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 sync_every_step = False  # read each step's skip and stop verdicts on the host (a device sync per step); False reads them once per log line
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
@@ -315,8 +316,8 @@ if __name__ == "__main__":
     if problem:
         print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
     elif compile:
-        report.print("compiling the model...")
-        model = torch.compile(model)
+        report.print(f"compiling the model (mode {compile_mode})...")
+        model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     eval_model = model
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
