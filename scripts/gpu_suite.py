@@ -7,6 +7,8 @@ The GPU suite: checks and times everything that needs a GPU in one command, for 
 
 Each step runs in its own process; its row goes to <out>/table.md and its output into <out>/logs.tar.gz
 (one file, so it comes back from a remote machine); runs and data go to a scratch folder, --work.
+Without a GPU the same command runs a reduced version on the CPU (tiny models, few steps, no compile
+modes), so the suite is exercised by the test suite and never rots between GPU slots.
 """
 import argparse
 import json
@@ -19,7 +21,8 @@ import tarfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ["env", "tests", "char", "gpt2", "compile", "nanogpt"]
+STEPS = ["env", "tests", "char", "gpt2", "compile", "fastpaths", "converge", "nanogpt"]
+ON_GPU = False  # set in __main__: whether this machine has CUDA (else the reduced CPU version runs)
 
 
 class Suite:
@@ -80,55 +83,119 @@ def step_env(suite: Suite, args):
     code, output = suite.run("env", [sys.executable, "-c", (
         "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, "
         "'cuda', torch.version.cuda); print('gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0), "
-        "torch.cuda.get_device_capability(0))")], 120)
+        "torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else print('no GPU: the reduced CPU suite')")],
+                             120)
     suite.row("environment", code == 0, " / ".join(output.strip().splitlines()[-3:]))
 
 
 def step_tests(suite: Suite, args):
     code, output = suite.run("tests", [sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_cuda.py"], 600)
-    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", line)]
     suite.row("CUDA tests (tests/test_cuda.py)", code == 0, summary[-1].strip("= ") if summary else "no summary")
 
 
-def step_char(suite: Suite, args):
-    code, _ = suite.run("char_prepare", [sys.executable, "data/shakespeare_char/prepare.py"], 300)
+def char_data(suite: Suite, args) -> str | None:
+    """Tiny Shakespeare as characters: --char_data, else prepared once into the scratch folder."""
+    if args.char_data:
+        return args.char_data
+    data = os.path.join(args.work, "shakespeare_char")
+    if not os.path.isfile(os.path.join(data, "meta.json")):
+        code, _ = suite.run("char_prepare", [sys.executable, "data/shakespeare_char/prepare.py", "--out_dir", data], 300)
+        if code:
+            suite.row("Shakespeare char prepare", False, "see logs/char_prepare.log")
+            return None
+    return data
+
+
+def char_run(suite: Suite, args, name: str, extra: list[str]) -> dict | None:
+    """The Shakespeare char recipe for --char_iters steps (bf16 + compile on a GPU, a tiny fp32 model on a
+    CPU); its summary.json, or None when it failed."""
+    data = char_data(suite, args)
+    if data is None:
+        return None
+    out_dir = os.path.join(args.work, name)
+    device = (["--dtype=bfloat16", "--compile=True"] if ON_GPU else
+              ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64",
+               "--batch_size=8", "--eval_iters=5"])
+    code, _ = suite.run(name, [sys.executable, "train.py", "config/train_shakespeare_char.py", f"--dataset={data}",
+                               f"--out_dir={out_dir}", f"--max_iters={args.char_iters}",
+                               f"--lr_decay_iters={args.char_iters}", "--wandb_log=False", "--log_interval=50",
+                               "--overwrite=True", *device, *extra], 600)
     if code:
-        return suite.row("Shakespeare char prepare", False, "see logs/char_prepare.log")
-    out_dir = os.path.join(args.work, "char_run")
-    code, output = suite.run("char", [sys.executable, "train.py", "config/train_shakespeare_char.py", f"--out_dir={out_dir}",
-                                      f"--max_iters={args.char_iters}", f"--lr_decay_iters={args.char_iters}",
-                                      "--dtype=bfloat16", "--compile=True", "--wandb_log=False", "--log_interval=50"], 600)
-    figures = "see logs/char.log"
-    if code == 0:
-        with open(os.path.join(out_dir, "summary.json")) as f:
-            s = json.load(f)
-        figures = (f"{args.char_iters} iters, val loss {s['final_val_loss']:.4f} (best {s['best_val_loss']:.4f}), "
-                   f"{s['mean_tokens_per_sec']:,.0f} tok/s, {s['wall_time_s']:.0f} s wall")
-    suite.row("Shakespeare char, bf16 + compile", code == 0, figures)
+        return None
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def step_char(suite: Suite, args):
+    s = char_run(suite, args, "char", [])
+    figures = (f"{args.char_iters} iters, val loss {s['final_val_loss']:.4f} (best {s['best_val_loss']:.4f}), "
+               f"{s['mean_tokens_per_sec']:,.0f} tok/s, {s['wall_time_s']:.0f} s wall") if s else "see logs/char.log"
+    suite.row("Shakespeare char, " + ("bf16 + compile" if ON_GPU else "tiny model on the CPU"), s is not None, figures)
+
+
+def step_converge(suite: Suite, args):
+    """The fast path's val loss against the plain path's (host sync every step, full logits, eager), same run."""
+    fast = char_run(suite, args, "converge_fast", [f"--loss_chunk={LOSS_CHUNK}"])
+    plain = char_run(suite, args, "converge_plain", ["--sync_every_step=True", "--loss_chunk=0", "--compile=False"])
+    ok = fast is not None and plain is not None
+    suite.row(f"fast path vs plain path, Shakespeare char {args.char_iters} steps", ok,
+              f"val loss {fast['final_val_loss']:.4f} fast (loss_chunk={LOSS_CHUNK}, verdicts on the device"
+              f"{', compile' if ON_GPU else ''}) "
+              f"vs {plain['final_val_loss']:.4f} plain; {fast['mean_tokens_per_sec']:,.0f} vs "
+              f"{plain['mean_tokens_per_sec']:,.0f} tok/s" if ok else "see logs/converge_*.log")
 
 
 def step_gpt2(suite: Suite, args):
-    """GPT-2 124M at block 1024: the default micro-batch 12, then 32, 64, ... until one no longer fits."""
+    """GPT-2 124M at block 1024: the default micro-batch 12, then 32, 64, ... until one no longer fits (on a
+    CPU, bench.py's small CPU model at batch 12 and 32)."""
     batch, fitted = 12, None
-    while batch <= args.max_batch:
-        r = bench(suite, f"gpt2_b{batch}", [f"--batch_size={batch}", "--num_steps=30"])
+    what = "GPT-2 124M, batch {} x 1024, bf16, compile, fused AdamW" if ON_GPU else "CPU model, batch {} x 64, eager"
+    while batch <= (args.max_batch if ON_GPU else 32):
+        r = bench(suite, f"gpt2_b{batch}", [*BENCH_ARGS, f"--batch_size={batch}", f"--num_steps={30 if ON_GPU else 3}"])
         if r is None:
-            suite.row(f"GPT-2 124M, batch {batch} x 1024", False, "did not run (out of memory?): see log")
+            suite.row(what.format(batch), False, "did not run (out of memory?): see log")
             break
-        suite.row(f"GPT-2 124M, batch {batch} x 1024, bf16, compile, fused AdamW", True, bench_text(r))
+        suite.row(what.format(batch), True, bench_text(r))
         fitted, batch = batch, 32 if batch == 12 else batch * 2
     if fitted:
         print(f"largest micro-batch that ran: {fitted}")
 
 
 def step_compile(suite: Suite, args):
-    """Ratio of compiled to eager speed, GPT-2 124M batch 12."""
-    eager = bench(suite, "gpt2_eager", ["--compile=False", "--num_steps=30"])
-    compiled = bench(suite, "gpt2_compiled", ["--num_steps=30"])
-    ok = eager is not None and compiled is not None
-    suite.row("compile on/off, GPT-2 124M batch 12", ok,
-              f"eager {bench_text(eager)}; compiled {bench_text(compiled)}; "
-              f"speed-up {eager['ms'] / compiled['ms']:.2f}x (separate processes)" if ok else "see logs")
+    """Ratio of compiled to eager speed, GPT-2 124M batch 12, from one bench.py --compare (GPU only: on a
+    CPU, compile's cost is covered by the test suite)."""
+    if not ON_GPU:
+        return
+    code, output = suite.run("compile", [sys.executable, "bench.py", "--compile=False", "--num_steps=20", "--rounds=5",
+                                         "--compare=--compile=True"], 600)
+    ratio = RATIO_LINE.search(output) if code == 0 else None
+    suite.row("compile on/off, GPT-2 124M batch 12", ratio is not None,
+              f"compiled/eager tokens/s {ratio[1]}x (min {ratio[2]}x, max {ratio[3]}x), one process" if ratio else
+              "see logs/compile.log")
+
+
+LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
+RATIO_LINE = re.compile(r"B/A tokens/s: ([\d.]+)x \(min ([\d.]+)x, max ([\d.]+)x")
+# (what, the A config's flags, the B config as --compare flags): B/A is each speed setting's on/off ratio
+FASTPATHS = [
+    ("verdicts on the device vs a host sync every step", ["--sync_every_step=True"], "--sync_every_step=False"),
+    (f"chunked loss (loss_chunk={LOSS_CHUNK}) vs full logits", [], f"--loss_chunk={LOSS_CHUNK}"),
+    ("chunked loss at batch 24 vs full logits at batch 12", [], f"--loss_chunk={LOSS_CHUNK} --batch_size=24"),
+    ("compile max-autotune vs default", [], "--compile_mode=max-autotune"),
+    ("compile reduce-overhead (CUDA graphs) vs default", [], "--compile_mode=reduce-overhead"),
+]
+
+
+def step_fastpaths(suite: Suite, args):
+    """Each speed setting against its plain path, from one bench.py --compare each (GPT-2 124M, batch 12, on a GPU)."""
+    for i, (what, base, variant) in enumerate(FASTPATHS if ON_GPU else FASTPATHS[:2]):
+        steps = ["--num_steps=20", "--rounds=5"] if ON_GPU else ["--num_steps=2", "--rounds=2", "--warmup_steps=1"]
+        code, output = suite.run(f"fastpath_{i}", [sys.executable, "bench.py", *BENCH_ARGS, *base, *steps,
+                                                   f"--compare={variant}"], 600)
+        ratio = RATIO_LINE.search(output) if code == 0 else None
+        suite.row(what, ratio is not None, f"B/A tokens/s {ratio[1]}x (min {ratio[2]}x, max {ratio[3]}x), one process, "
+                  "alternating" if ratio else "see log (out of memory?)")
 
 
 def trainer_ms(out_dir: str, skip: int) -> float:
@@ -139,8 +206,9 @@ def trainer_ms(out_dir: str, skip: int) -> float:
 
 
 def step_nanogpt(suite: Suite, args):
-    """nanoGPT's train.py and ours on the same synthetic OpenWebText-sized tokens, same settings."""
-    if not args.nanogpt:
+    """nanoGPT's train.py and ours on the same synthetic OpenWebText-sized tokens, same settings (on a GPU; on a
+    CPU, scripts/compare_nanogpt.py times the README's CPU command)."""
+    if not args.nanogpt or not ON_GPU:
         return
     import numpy as np
     data_dir = os.path.join(args.work, "synthetic_tokens")
@@ -176,7 +244,13 @@ if __name__ == "__main__":
     parser.add_argument("--max_batch", type=int, default=128, help="largest GPT-2 micro-batch to try")
     parser.add_argument("--nanogpt", default="", help="a nanoGPT checkout, to time its train.py beside ours")
     parser.add_argument("--trainer_iters", type=int, default=25, help="steps of each trainer in the nanogpt step")
+    parser.add_argument("--char_data", default="", help="a prepared tiny Shakespeare char dataset (else prepared in --work)")
     args = parser.parse_args()
+    import torch
+    ON_GPU = torch.cuda.is_available()
+    BENCH_ARGS = [] if ON_GPU else ["--device=cpu", "--compile=False", "--vocab_size=512"]
+    if not ON_GPU:
+        args.char_iters = min(args.char_iters, 20)
     unknown = set(args.only.split(",")) - set(STEPS)
     if unknown:
         sys.exit(f"error: unknown steps {sorted(unknown)}: choose among {','.join(STEPS)}")

@@ -205,3 +205,12 @@ def test_compiled_training_saves_plain_parameter_names(char_data, tmp_path):
     assert "compiling the model" in result.stdout
     state = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)["model"]
     assert "transformer.wte.weight" in state and not any(k.startswith(("_orig_mod.", "module.")) for k in state)
+
+
+def test_the_gpu_suite_runs_its_reduced_version_on_a_cpu(char_data, tmp_path):
+    result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
+                        f"--char_data={char_data}", cwd=str(tmp_path), timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in open(tmp_path / "out" / "table.md").read().splitlines()[2:]]
+    assert len(rows) >= 7 and all("| ok |" in row for row in rows), rows
+    assert any("B/A tokens/s" in row for row in rows) and (tmp_path / "out" / "logs.tar.gz").exists()
