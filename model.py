@@ -1,5 +1,7 @@
 """
-The GPT-2 language model: one file, no dependencies beyond torch.
+The GPT language model: one file, no dependencies beyond torch. GPT-2 by default; each GPTConfig field
+below `loss_chunk` switches one part to its LLaMA-era alternative (rotary positions, RMSNorm, SwiGLU or
+ReLU^2, grouped-query attention, QK-norm, untied embeddings), and the defaults are GPT-2 bit for bit.
 
 Parameter names follow GPT-2's published checkpoints (transformer.h.0.attn.c_attn, ...) so that
 `GPT.from_pretrained` can copy OpenAI's weights in by name.
@@ -15,7 +17,7 @@ from torch.nn import functional as F
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024  # longest sequence the position table covers
+    block_size: int = 1024  # longest sequence the model sees
     vocab_size: int = 50304  # GPT-2's 50257 rounded up to a multiple of 64 for faster matmuls
     n_layer: int = 12
     n_head: int = 12
@@ -23,6 +25,39 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2 has; False is a bit faster and no worse
     loss_chunk: int = 0  # rows of logits per chunk in the training loss (see ChunkedCrossEntropy); 0: all at once
+    pos_emb: str = "learned"  # 'learned' (a position table, GPT-2) or 'rope' (rotary, applied to queries and keys)
+    rope_theta: float = 10000.0  # RoPE's base: the longest wavelength in positions is about 2*pi*rope_theta
+    norm: str = "layernorm"  # 'layernorm' or 'rmsnorm' (no mean, no bias)
+    mlp: str = "gelu"  # 'gelu' (tanh approximation, GPT-2), 'swiglu' (LLaMA) or 'relu2' (ReLU squared)
+    mlp_hidden: int = 0  # hidden width; 0: 4*n_embd, or for swiglu 2/3 of that rounded up to a multiple of 64
+    n_kv_head: int = 0  # key/value heads, shared by groups of query heads (GQA); 0 means n_head (plain attention)
+    qk_norm: bool = False  # RMS-normalise each head's queries and keys before attention
+    tie_embeddings: bool = True  # the output projection is the token embedding matrix (GPT-2); False: its own
+
+    def __post_init__(self):
+        choices = {"pos_emb": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu", "relu2")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key} {getattr(self, key)!r} is not one of {allowed}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} is not a multiple of n_head {self.n_head}: "
+                             "pick n_embd = n_head * head size")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_head {self.n_head} is not a multiple of n_kv_head {self.n_kv_head}")
+        if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"rotary positions need an even head size, not {self.n_embd // self.n_head}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def hidden(self) -> int:
+        if self.mlp_hidden:
+            return self.mlp_hidden
+        if self.mlp == "swiglu":  # three matrices instead of two: 2/3 of the width keeps the parameter count
+            return 64 * math.ceil(8 * self.n_embd / 3 / 64)
+        return 4 * self.n_embd
 
 
 class LayerNorm(nn.Module):
@@ -37,26 +72,73 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, ndim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+
+    def forward(self, x):
+        return F.rms_norm(x, self.weight.shape, self.weight, 1e-5)
+
+
+def norm(config: GPTConfig) -> nn.Module:
+    return RMSNorm(config.n_embd) if config.norm == "rmsnorm" else LayerNorm(config.n_embd, bias=config.bias)
+
+
+def rope_tables(config: GPTConfig, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of each position's angles, (length, head size): the two halves of a head rotate in pairs
+    (i, i + hs/2) at frequencies rope_theta^(-2i/hs), the layout Hugging Face's LLaMA uses."""
+    hs = config.n_embd // config.n_head
+    freqs = config.rope_theta ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    angles = torch.outer(torch.arange(length, dtype=torch.float64), freqs)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotate(x, cos, sin):
+    """Rotate each pair (x_i, x_{i+hs/2}) of x (B, heads, T, hs) by its position's angle."""
+    half = x.size(-1) // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        if config.n_embd % config.n_head != 0:
-            raise ValueError(f"n_embd {config.n_embd} is not a multiple of n_head {config.n_head}: "
-                             "pick n_embd = n_head * head size")
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
+        self.n_head, self.n_kv_head, self.hs = config.n_head, config.kv_heads, config.n_embd // config.n_head
+        # q, k, v in one matmul; with GQA the k and v parts are n_kv_head heads wide
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.hs, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.n_head = config.n_head
         self.dropout = config.dropout
+        self.qk_norm = config.qk_norm
 
-    def forward(self, x):
+    def forward(self, x, rope=None, cache: dict | None = None):
+        """rope: (cos, sin) for these T positions, or None. cache: this layer's keys and values so far, for
+        generation; they are extended by this call's (prefill: an empty dict and the whole prompt; then one
+        token per call)."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        # flash attention where the device has it; the causal mask is built in, never materialised
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        q, k, v = self.c_attn(x).split([self.n_head * self.hs, self.n_kv_head * self.hs, self.n_kv_head * self.hs], dim=2)
+        q = q.view(B, T, self.n_head, self.hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, self.hs).transpose(1, 2)  # (B, n_kv_head, T, hs)
+        v = v.view(B, T, self.n_kv_head, self.hs).transpose(1, 2)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (self.hs,)), F.rms_norm(k, (self.hs,))
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
+        if cache is not None:
+            if cache and T > 1:
+                raise ValueError("a KV cache takes a prompt once, then one token per call")
+            if cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+        if self.n_kv_head != self.n_head:  # each group of query heads reads the same key/value head
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        # flash attention where the device has it; the causal mask is built in, never materialised. One new
+        # token against the cache attends to every key, so it needs no mask.
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=k.size(2) == T)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -64,27 +146,36 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 was trained with the tanh approximation
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.kind = config.mlp
+        width = 2 * config.hidden if config.mlp == "swiglu" else config.hidden  # swiglu: gate and value in one matmul
+        self.c_fc = nn.Linear(config.n_embd, width, bias=config.bias)
+        self.c_proj = nn.Linear(config.hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        h = self.c_fc(x)
+        if self.kind == "gelu":
+            h = F.gelu(h, approximate="tanh")  # GPT-2 was trained with the tanh approximation
+        elif self.kind == "relu2":
+            h = F.relu(h).square()
+        else:
+            gate, value = h.chunk(2, dim=-1)
+            h = F.silu(gate) * value
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: the residual stream is never normalised, only what branches off it."""
+    """Pre-norm transformer block: the residual stream is never normalised, only what branches off it."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, rope=None, cache=None):
+        x = x + self.attn(self.ln_1(x), rope, cache)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -143,14 +234,18 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            **({"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.pos_emb == "learned" else {}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=norm(config),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # weight tying: the input embedding and the output projection are one matrix
-        self.lm_head.weight = self.transformer.wte.weight
+        if config.tie_embeddings:  # the input embedding and the output projection are one matrix
+            self.lm_head.weight = self.transformer.wte.weight
+        if config.pos_emb == "rope":  # computed, not learned: buffers that checkpoints need not hold
+            cos, sin = rope_tables(config, config.block_size)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -168,21 +263,34 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def get_num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count. The position table is left out by default; the token table is counted
-        because, tied to lm_head, it is used as weights in the last layer."""
+        """Parameter count. non_embedding leaves out the tables that are only looked up, never multiplied:
+        the position table, and the token table when it is not also the output projection. What is left
+        is the count of matmul weights that estimate_mfu needs (norms and biases are a rounding error)."""
         n_params = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n_params -= self.transformer.wpe.weight.numel()
+            if "wpe" in self.transformer:
+                n_params -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_embeddings:
+                n_params -= self.transformer.wte.weight.numel()
         return n_params
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, kv_cache: list[dict] | None = None):
+        """Logits and loss of idx (B, T). With targets, the mean cross-entropy over all positions; without,
+        the logits of the last position only. kv_cache (one dict per layer, see generate) continues a
+        sequence: idx then holds the new tokens, placed after the cached ones."""
         B, T = idx.size()
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
-        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)
+        start = kv_cache[0]["k"].size(2) if kv_cache and kv_cache[0] else 0  # positions already cached
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))
+        else:
+            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
+        x = self.transformer.drop(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, rope, kv_cache[i] if kv_cache is not None else None)
         x = self.transformer.ln_f(x)
         if targets is not None and self.config.loss_chunk > 0:  # the loss without the full logits, which are not returned
             logits = None
@@ -201,7 +309,10 @@ class GPT(nn.Module):
         if block_size > self.config.block_size:
             raise ValueError(f"cannot grow block_size from {self.config.block_size} to {block_size}")
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        else:
+            self.rope_cos, self.rope_sin = self.rope_cos[:block_size], self.rope_sin[:block_size]
 
     @classmethod
     def from_pretrained(cls, model_type: str, override_args: dict | None = None) -> "GPT":
@@ -252,8 +363,10 @@ class GPT(nn.Module):
 
     def estimate_mfu(self, tokens_per_iter: int, dt: float, peak: float | None) -> float | None:
         """Model FLOPs utilisation: achieved FLOP/s over `peak` (None where the peak is unknown).
-        FLOPs per token follow the PaLM paper, appendix B: 6N for the matmuls forward and backward,
-        plus 12 * n_layer * n_embd * T for attention (Q @ K^T and A @ V, forward and backward)."""
+        FLOPs per token follow the PaLM paper, appendix B: 6N for the matmuls forward and backward (N from
+        get_num_params, so GQA's narrower keys and values, SwiGLU's third matrix and an untied head count
+        as they are), plus 12 * n_layer * n_embd * T for attention (Q @ K^T and A @ V, forward and
+        backward, per query head: GQA shares keys and values, not this work)."""
         if peak is None:
             return None
         cfg = self.config
@@ -262,13 +375,24 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, use_cache: bool = True):
         """Extend the token ids idx (B, T) by max_new_tokens tokens, sampled at `temperature` among the top_k
         most likely (all when None); temperature 0 takes the most likely token (greedy decoding). Put the
-        model in eval mode first."""
+        model in eval mode first.
+
+        With use_cache, the prompt is read once and each new token attends to the keys and values kept from
+        before (a KV cache): the same tokens as without it, far fewer FLOPs. Once the sequence outgrows
+        block_size, every position of the window would move, so each further token re-reads the last
+        block_size tokens, as without the cache: still exact, no longer faster."""
+        cache = None
         for _ in range(max_new_tokens):
-            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
-            logits, _ = self(idx_cond)
+            if not use_cache or idx.size(1) > self.config.block_size:
+                logits, _ = self(idx[:, -self.config.block_size:])
+            elif cache is None:
+                cache = [{} for _ in self.transformer.h]
+                logits, _ = self(idx, kv_cache=cache)  # prefill: the whole prompt at once
+            else:
+                logits, _ = self(idx[:, -1:], kv_cache=cache)
             if temperature == 0:
                 idx_next = logits[:, -1, :].argmax(dim=-1, keepdim=True)
             else:

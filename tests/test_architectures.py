@@ -1,0 +1,125 @@
+"""The LLaMA-era options of GPTConfig, each alone and in combination, and generation with a KV cache."""
+import itertools
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig, rope_tables, rotate
+
+OPTIONS = dict(pos_emb=["learned", "rope"], norm=["layernorm", "rmsnorm"], mlp=["gelu", "swiglu", "relu2"],
+               n_kv_head=[0, 2], qk_norm=[False, True], tie_embeddings=[True, False], bias=[True, False])
+COMBINATIONS = [dict(zip(OPTIONS, values)) for values in itertools.product(*OPTIONS.values())]
+
+
+def config(**overrides) -> GPTConfig:
+    return GPTConfig(**{**dict(block_size=16, vocab_size=40, n_layer=2, n_head=4, n_embd=32), **overrides})
+
+
+def hand_count(c: GPTConfig) -> int:
+    """Parameters of a GPTConfig, counted from the architecture's definition, not from the module tree."""
+    C, hs = c.n_embd, c.n_embd // c.n_head
+    kv = c.n_kv_head or c.n_head
+    hidden = c.mlp_hidden or (-(-8 * C // 192) * 64 if c.mlp == "swiglu" else 4 * C)  # 8C/3 up to a multiple of 64
+    norm = C * (2 if c.norm == "layernorm" and c.bias else 1)
+    attn = C * (c.n_head + 2 * kv) * hs + C * C + (((c.n_head + 2 * kv) * hs + C) if c.bias else 0)
+    fc_width = 2 * hidden if c.mlp == "swiglu" else hidden
+    mlp = C * fc_width + hidden * C + ((fc_width + C) if c.bias else 0)
+    total = c.n_layer * (2 * norm + attn + mlp) + norm + c.vocab_size * C  # blocks, ln_f, token table
+    total += c.block_size * C if c.pos_emb == "learned" else 0
+    total += 0 if c.tie_embeddings else c.vocab_size * C
+    return total
+
+
+def test_every_combination_runs_forward_and_backward_and_counts_its_parameters():
+    for options in COMBINATIONS:
+        torch.manual_seed(0)
+        c = config(**options)
+        model = GPT(c)
+        x = torch.randint(40, (3, 16))
+        logits, loss = model(x, torch.roll(x, -1, dims=1))
+        loss.backward()
+        assert logits.shape == (3, 16, 40) and torch.isfinite(loss), options
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters()), options
+        assert model.get_num_params(non_embedding=False) == hand_count(c), options
+        lookups = (c.block_size * c.n_embd if c.pos_emb == "learned" else 0) + (0 if c.tie_embeddings else 40 * 32)
+        assert model.get_num_params() == hand_count(c) - lookups, options
+
+
+def test_swiglu_width_follows_the_usual_rule_and_can_be_set():
+    assert GPTConfig(n_embd=768, n_head=12, mlp="swiglu").hidden == 2048  # 8/3 * 768 = 2048 exactly
+    assert GPTConfig(n_embd=2048, n_head=32, mlp="swiglu").hidden == 5504  # 5461.3 rounded up to a multiple of 64
+    assert GPTConfig(n_embd=128, n_head=4, mlp="swiglu", mlp_hidden=300).hidden == 300
+    assert GPTConfig(n_embd=128, n_head=4).hidden == 512
+
+
+def test_rotary_scores_depend_only_on_the_offset_between_positions():
+    c = config(pos_emb="rope")
+    cos, sin = rope_tables(c, 64)
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    cos, sin = cos.double(), sin.double()
+
+    def score(m, n):
+        return (rotate(q, cos[m], sin[m]) * rotate(k, cos[n], sin[n])).sum().item()
+    assert score(5, 2) == pytest.approx(score(40, 37), abs=1e-6) == pytest.approx(score(3, 0), abs=1e-6)
+    assert score(5, 2) != pytest.approx(score(5, 3), abs=1e-3)  # another offset, another score
+
+
+def test_gqa_with_as_many_kv_heads_as_heads_is_plain_attention():
+    torch.manual_seed(0)
+    plain = GPT(config())
+    same = GPT(config(n_kv_head=4))
+    same.load_state_dict(plain.state_dict())
+    x = torch.randint(40, (2, 16))
+    assert torch.equal(plain(x, x)[0], same(x, x)[0])
+
+
+def test_gqa_shares_each_kv_head_among_its_group():
+    torch.manual_seed(0)
+    grouped = GPT(config(n_kv_head=2))
+    full = GPT(config())  # four kv heads: heads 0,1 copy kv head 0 and heads 2,3 copy kv head 1
+    state = grouped.state_dict()
+    hs, C = 8, 32
+    for i in range(2):
+        w = state[f"transformer.h.{i}.attn.c_attn.weight"]
+        b = state[f"transformer.h.{i}.attn.c_attn.bias"]
+        q, k, v = w.split([C, 2 * hs, 2 * hs])
+        qb, kb, vb = b.split([C, 2 * hs, 2 * hs])
+        widen = lambda t: t.view(2, hs, *t.shape[1:]).repeat_interleave(2, dim=0).reshape(4 * hs, *t.shape[1:])  # noqa: E731
+        state[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat([q, widen(k), widen(v)])
+        state[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat([qb, widen(kb), widen(vb)])
+    full.load_state_dict(state)
+    x = torch.randint(40, (2, 16))
+    assert torch.allclose(grouped(x, x)[0], full(x, x)[0], atol=1e-6)
+
+
+def test_defaults_are_gpt2_module_for_module():
+    names = [n for n, _ in GPT(config()).named_parameters()]
+    assert "transformer.wpe.weight" in names and "lm_head.weight" not in names  # tied: listed once, as wte
+    assert names[:3] == ["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight"]
+    assert not [n for n, _ in GPT(config()).named_buffers()]
+
+
+@pytest.mark.parametrize("options", [{}, dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2, qk_norm=True,
+                                              tie_embeddings=False, bias=False)], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_kv_cache_generation_gives_the_tokens_of_the_cache_free_path(options, temperature):
+    torch.manual_seed(0)
+    model = GPT(config(**options)).eval()
+    prompt = torch.randint(40, (3, 5))  # a batch of 3; 30 new tokens go past block_size 16
+    out = [model.generate(prompt, 30, temperature=temperature, top_k=20, use_cache=use_cache,
+                          generator=torch.Generator().manual_seed(7)) for use_cache in (True, False)]
+    assert out[0].shape == (3, 35) and torch.equal(out[0], out[1])
+
+
+def test_kv_cache_logits_match_a_full_forward():
+    torch.manual_seed(0)
+    model = GPT(config(pos_emb="rope", n_kv_head=2)).eval()
+    x = torch.randint(40, (2, 12))
+    cache = [{} for _ in model.transformer.h]
+    with torch.no_grad():
+        model(x[:, :8], kv_cache=cache)
+        stepped = [model(x[:, t:t + 1], kv_cache=cache)[0][:, -1] for t in range(8, 12)]
+        full = [model(x[:, :t + 1])[0][:, -1] for t in range(8, 12)]
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(stepped, full))
+    assert cache[0]["k"].shape == (2, 2, 12, 8)  # n_kv_head keys per position are kept, not n_head
