@@ -14,6 +14,10 @@ the first, in alternation with it, and prints the tokens/s ratio with its spread
 
     python bench.py config/train_shakespeare_char.py --device=cpu --compare="--compile=False"
 
+Generation, with the KV cache against without it (the same tokens, checked):
+
+    python bench.py --mode=generate --device=cpu --n_layer=6 --n_head=6 --n_embd=384 --block_size=512 --batch_size=1
+
 The data pipeline, on CPU:
 
     python bench.py --mode=get_batch --batch_size=64  # dataset.get_batch against nanoGPT's row-by-row loop
@@ -36,7 +40,7 @@ import configurator
 from common import UserError, check_device, excepthook, peak_flops
 from model import GPT, GPTConfig
 
-mode = "train"  # 'train' times training steps; 'get_batch' and 'prepare' time the data pipeline [mode in ('train', 'get_batch', 'prepare')]
+mode = "train"  # 'train' times training steps; 'generate' times sampling with and without the KV cache; 'get_batch' and 'prepare' time the data pipeline [mode in ('train', 'generate', 'get_batch', 'prepare')]
 # ---- data
 batch_size = 12  # sequences per micro-step [batch_size > 0]
 block_size = 1024  # tokens per sequence [block_size > 0]
@@ -51,6 +55,14 @@ vocab_size = 0  # 0: the dataset's vocabulary where its meta.json or meta.pkl sa
 bias = False  # biases in Linear and LayerNorm layers
 dropout = 0.0  # dropout rate [0 <= dropout < 1]
 loss_chunk = 0  # as in train.py: rows of logits per chunk of the training loss; 0 computes them all at once [loss_chunk >= 0]
+pos_emb = "learned"  # the architecture, as in train.py (see its --help) [pos_emb == 'learned' or (pos_emb == 'rope' and n_embd // n_head % 2 == 0)]
+rope_theta = 10000.0  # [rope_theta > 0]
+norm = "layernorm"  # [norm in ('layernorm', 'rmsnorm')]
+mlp = "gelu"  # [mlp in ('gelu', 'swiglu', 'relu2')]
+mlp_hidden = 0  # [mlp_hidden >= 0]
+n_kv_head = 0  # [n_kv_head >= 0 and n_head % (n_kv_head or n_head) == 0]
+qk_norm = False
+tie_embeddings = True
 # ---- optimizer, as in train.py
 learning_rate = 6e-4  # AdamW learning rate [0 < learning_rate < inf]
 weight_decay = 1e-1  # decoupled weight decay on matrices [0 <= weight_decay < inf]
@@ -63,6 +75,7 @@ warmup_steps = 10  # untimed steps first: compilation, allocator and cache warm-
 num_steps = 20  # timed steps (per round, with compare) [num_steps > 0]
 compare = ""  # flags for a second config to time against this one, in alternation, e.g. "--compile=False"; prints the speed ratio
 rounds = 5  # with compare: rounds of num_steps steps of each config in turn; the ratio's spread is over rounds [rounds > 0]
+gen_tokens = 500  # --mode=generate: new tokens per sample, after a one-token prompt [gen_tokens > 0]
 profile = False  # write a torch profiler trace (bench_trace/, for TensorBoard or Perfetto) instead of timing
 seed = 1337  # seeds init and the batches [0 <= seed < 2**63]
 # ---- data pipeline benchmarks
@@ -83,6 +96,8 @@ TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval
                  "always_save_checkpoint", "keep_last_n", "max_nonfinite_steps", "init_from", "overwrite",
                  "sample_interval", "sample_prompt", "sample_tokens", "wandb_log", "wandb_project", "wandb_run_name",
                  "max_iters", "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "backend", "ddp_timeout")
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias", "dropout", "loss_chunk", "pos_emb", "rope_theta", "norm", "mlp",
+              "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")  # settings that go to GPTConfig as they are
 # GPT-2 124M at 12 x 1024 takes minutes per step on a CPU; there, model keys left at their defaults take these
 CPU_MODEL = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
 
@@ -239,9 +254,7 @@ def build(cfg: dict) -> dict:
 
         def batch(i):
             return x, y
-    model = GPT(GPTConfig(block_size=T, vocab_size=vocab, n_layer=cfg["n_layer"], n_head=cfg["n_head"],
-                          n_embd=cfg["n_embd"], bias=cfg["bias"], dropout=cfg["dropout"],
-                          loss_chunk=cfg["loss_chunk"])).to(device)
+    model = GPT(GPTConfig(block_size=T, vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS})).to(device)
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
                                            device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
@@ -270,6 +283,40 @@ def build(cfg: dict) -> dict:
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
           f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}")
     return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type}
+
+
+def bench_generate(cfg: dict):
+    """Tokens/s of GPT.generate with the KV cache and without it, alternating over rounds, on one model with
+    random weights (speed does not depend on them); the two must give the same tokens."""
+    from common import autocast_context, resolve_dtype
+    device_type = check_device(cfg["device"])
+    ctx = autocast_context(device_type, resolve_dtype(cfg["dtype"], device_type))
+    torch.manual_seed(cfg["seed"])
+    vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"]) or 50304
+    model = GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS}))
+    model.to(cfg["device"]).eval()
+    prompt = torch.zeros((cfg["batch_size"], 1), dtype=torch.long, device=cfg["device"])
+    print(f"{model.get_num_params() / 1e6:.2f}M parameters, block_size {cfg['block_size']}, {cfg['batch_size']} "
+          f"sample(s) of {cfg['gen_tokens']} tokens, device {cfg['device']}")
+    times, outputs = {True: [], False: []}, {}
+    for r in range(cfg["rounds"]):
+        for use_cache in (True, False):
+            synchronize(device_type)
+            t0 = time.perf_counter()
+            with ctx:
+                outputs[use_cache] = model.generate(prompt, cfg["gen_tokens"], temperature=1.0, top_k=200,
+                                                    generator=torch.Generator(cfg["device"]).manual_seed(r),
+                                                    use_cache=use_cache)
+            synchronize(device_type)
+            times[use_cache].append(time.perf_counter() - t0)
+        if not torch.equal(outputs[True], outputs[False]):
+            raise RuntimeError("generation with the KV cache gave other tokens than without it")
+    tokens = cfg["batch_size"] * cfg["gen_tokens"]
+    for use_cache, label in ((True, "with the KV cache"), (False, "without")):
+        print(f"{label}: {tokens / statistics.median(times[use_cache]):,.0f} tokens/s (median of {cfg['rounds']} rounds)")
+    ratios = sorted(b / a for a, b in zip(times[True], times[False]))
+    print(f"cache/no-cache tokens/s: {statistics.median(ratios):.2f}x (min {ratios[0]:.2f}x, max {ratios[-1]:.2f}x), "
+          "same tokens")
 
 
 def time_steps(run: dict, first: int, n: int) -> tuple[float, torch.Tensor]:
@@ -314,6 +361,9 @@ if __name__ == "__main__":
         sys.exit(0)
     if mode == "prepare":
         bench_prepare(corpus_text, sorted({max(1, corpus_mb // 3), corpus_mb}), gpt2_tiktoken)
+        sys.exit(0)
+    if mode == "generate":
+        bench_generate(config)
         sys.exit(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from common import UserError, atomic_write, replace_durably
-from model import GPT
+from model import GPT, GPTConfig
 
 
 def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
@@ -59,7 +59,16 @@ def save_checkpoint(checkpoint: dict, path: str):
 PROGRESS_KEYS = ("iter_num", "tokens", "best_val_loss", "best_iter")  # where the run stands
 CHECKPOINT_KEYS = {"model", "optimizer", "scaler", "model_args", "config", "rng_states", "wandb_run_id", "evaluated",
                    *PROGRESS_KEYS}
-SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")  # in every checkpoint's model_args
+# the rest of the architecture: checkpoints from before these existed lack them and are GPT-2, their defaults
+ARCH_KEYS = ("pos_emb", "rope_theta", "norm", "mlp", "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")
+
+
+def architecture(model_args: dict) -> dict:
+    """The model-defining settings of a checkpoint's model_args (SHAPE_KEYS and ARCH_KEYS), with GPTConfig's
+    defaults for ARCH_KEYS that an older checkpoint lacks."""
+    defaults = GPTConfig()
+    return {k: model_args[k] if k in model_args else getattr(defaults, k) for k in (*SHAPE_KEYS, *ARCH_KEYS)}
 
 
 def load_checkpoint(path: str) -> dict:
@@ -100,9 +109,11 @@ def load_pretrained(name: str, dropout: float) -> GPT:
 
 
 def check_resume_shape(checkpoint_args: dict, config: dict, defaults: dict):
-    """Model-shape settings that the user changed from the defaults must agree with the checkpoint's."""
-    clashes = [f"{k}={config[k]!r} (checkpoint: {checkpoint_args[k]!r})" for k in SHAPE_KEYS
-               if k in config and config[k] != defaults[k] and config[k] != checkpoint_args[k]]
+    """Model settings (shape and architecture) that the user changed from the defaults must agree with the
+    checkpoint's."""
+    saved = architecture(checkpoint_args)
+    clashes = [f"{k}={config[k]!r} (checkpoint: {saved[k]!r})" for k in saved
+               if k in config and config[k] != defaults[k] and config[k] != saved[k]]
     if clashes:
         raise UserError(f"resuming a checkpoint of another model shape: {', '.join(clashes)}; drop those settings "
                         "or use a new out_dir")

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from checkpoint import (PROGRESS_KEYS, SHAPE_KEYS, check_resume_shape, check_vocabulary, gather_rng_states,
+from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_resume_shape, check_vocabulary, gather_rng_states,
                         load_checkpoint, load_pretrained, publish_checkpoint, restore_training_state, save_checkpoint,
                         training_state)
 from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops,
@@ -67,6 +67,14 @@ n_head = 12  # attention heads per block [n_head > 0]
 n_embd = 768  # width of the residual stream, split evenly among the heads [n_embd > 0 and n_embd % n_head == 0]
 dropout = 0.0  # 0 for pretraining, try 0.1+ for finetuning [0 <= dropout < 1]
 bias = False  # biases in Linear and LayerNorm layers
+pos_emb = "learned"  # positions: 'learned' (a table, GPT-2) or 'rope' (rotary, LLaMA; needs an even head size) [pos_emb == 'learned' or (pos_emb == 'rope' and n_embd // n_head % 2 == 0)]
+rope_theta = 10000.0  # with rope: the base of the rotation frequencies [rope_theta > 0]
+norm = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm' (LLaMA) [norm in ('layernorm', 'rmsnorm')]
+mlp = "gelu"  # 'gelu' (GPT-2), 'swiglu' (LLaMA) or 'relu2' (ReLU squared, modded-nanogpt) [mlp in ('gelu', 'swiglu', 'relu2')]
+mlp_hidden = 0  # MLP width; 0: 4 * n_embd, or for swiglu 8/3 * n_embd rounded up to a multiple of 64 [mlp_hidden >= 0]
+n_kv_head = 0  # key/value heads for grouped-query attention; 0: n_head (plain attention) [n_kv_head >= 0 and n_head % (n_kv_head or n_head) == 0]
+qk_norm = False  # RMS-normalise queries and keys per head before attention
+tie_embeddings = True  # the output projection shares the token embedding matrix (GPT-2); False gives it its own
 loss_chunk = 0  # compute the training loss this many rows of logits at a time, never holding all (B*T, vocab) logits: less memory at GPT-2's vocabulary, one more lm_head matmul; 0: all at once [loss_chunk >= 0]
 # ---- AdamW optimizer
 learning_rate = 6e-4  # peak learning rate [0 < learning_rate < inf]
@@ -222,7 +230,7 @@ if __name__ == "__main__":
         ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
         checkpoint = load_checkpoint(ckpt_path)
         check_resume_shape(checkpoint["model_args"], config, config_defaults)
-        config.update({k: checkpoint["model_args"][k] for k in SHAPE_KEYS if k in config})
+        config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
         if checkpoint["evaluated"] and checkpoint["iter_num"] >= config["max_iters"] and not config["eval_only"]:
             print(f"the run in {config['out_dir']} is finished: its checkpoint is at iter {checkpoint['iter_num']} "
                   f"and max_iters is {config['max_iters']}; nothing to do (raise --max_iters to train it further, "
@@ -274,8 +282,8 @@ if __name__ == "__main__":
 
     # ---- model init
     iter_num, tokens_seen, best_val_loss, best_iter = 0, 0, float("inf"), None
-    model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
-                      vocab_size=data["vocab_size"] or 50304, dropout=dropout, loss_chunk=loss_chunk)  # 50304: GPT-2's 50257 padded for speed
+    model_args = dict(vocab_size=data["vocab_size"] or 50304, dropout=dropout, loss_chunk=loss_chunk,  # 50304: GPT-2's
+                      **{k: config[k] for k in (*SHAPE_KEYS, *ARCH_KEYS) if k != "vocab_size"})  # 50257, padded
     if init_from == "scratch":
         model = GPT(GPTConfig(**model_args))
     elif init_from == "resume":
@@ -284,7 +292,7 @@ if __name__ == "__main__":
     else:  # GPT-2 weights, by name or from a folder
         model = load_pretrained(init_from, dropout)
         model.config.loss_chunk = loss_chunk
-        for k in SHAPE_KEYS:
+        for k in (*SHAPE_KEYS, *ARCH_KEYS):
             model_args[k] = getattr(model.config, k)
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context

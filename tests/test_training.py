@@ -50,6 +50,31 @@ def test_resume_continues_with_the_same_losses_as_an_unbroken_run(char_data, tmp
     assert [got[i] for i in range(21, 41)] == [expected[i] for i in range(21, 41)]
 
 
+LLAMA = dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1, qk_norm=True, tie_embeddings=False, bias=False)
+
+
+def test_a_llama_style_run_resumes_exactly_and_its_checkpoint_rebuilds_the_model_without_flags(char_data, tmp_path):
+    straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
+    assert run_script("train.py", *tiny_args(char_data, straight, **LLAMA), cwd=str(tmp_path)).returncode == 0
+    assert run_script("train.py", *tiny_args(char_data, broken, max_iters=20, **LLAMA), cwd=str(tmp_path)).returncode == 0
+    # resumed with none of the architecture flags: the checkpoint's model_args say it all
+    resumed = run_script("train.py", *tiny_args(char_data, broken, init_from="resume"), cwd=str(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr
+    expected, got = step_losses(read_metrics(straight)), step_losses(read_metrics(broken))
+    assert [got[i] for i in range(21, 41)] == [expected[i] for i in range(21, 41)]
+    saved = torch.load(os.path.join(broken, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert {k: saved["model_args"][k] for k in LLAMA} == LLAMA
+    val = [float(r["val_loss"]) for r in read_metrics(straight) if r["val_loss"]]
+    assert val[-1] < val[0]
+    result = run_script("sample.py", f"--out_dir={broken}", "--device=cpu", "--num_samples=2", "--max_new_tokens=40",
+                        "--start=ROMEO:", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ROMEO:")
+    clash = run_script("train.py", *tiny_args(char_data, broken, init_from="resume", max_iters=60, mlp="relu2"),
+                       cwd=str(tmp_path))
+    assert "another model shape: mlp='relu2' (checkpoint: 'swiglu')" in clash.stderr
+
+
 def test_resume_without_checkpoint_is_a_one_line_error(char_data, tmp_path):
     result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "empty"), init_from="resume"), cwd=str(tmp_path))
     assert result.returncode != 0
