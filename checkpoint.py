@@ -53,7 +53,7 @@ def save_checkpoint(checkpoint: dict, path: str):
     except (OSError, RuntimeError) as e:  # torch reports a failed write (a full disk) as a RuntimeError
         reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[0]
         raise UserError(f"could not write checkpoint {path} ({reason}): the previous checkpoint is unchanged; "
-                        "free disk space or choose another out_dir") from e
+                        "if the disk is full, free space or choose another out_dir") from e
 
 
 PROGRESS_KEYS = ("iter_num", "tokens", "best_val_loss", "best_iter")  # where the run stands
@@ -137,13 +137,19 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
     names = (["best.pt"] if improved else []) + ([f"ckpt_{iter_num:07d}.pt"] if keep_last_n > 0 else [])
     for name in names:
         tmp = os.path.join(out_dir, name + ".tmp")
-        if os.path.lexists(tmp):
-            os.remove(tmp)
         try:
-            os.link(latest, tmp)  # a second name for the same bytes: no copy, and ckpt.pt's next rename leaves it
-        except OSError:
-            shutil.copyfile(latest, tmp)
-        replace_durably(tmp, os.path.join(out_dir, name))
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            try:
+                os.link(latest, tmp)  # a second name for the same bytes: no copy, and ckpt.pt's next rename leaves it
+            except OSError:  # a filesystem without hard links
+                shutil.copyfile(latest, tmp)
+            replace_durably(tmp, os.path.join(out_dir, name))
+        except OSError as e:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            raise UserError(f"could not write {name} in {out_dir} ({e.strerror or e}): the previous {name} is "
+                            "unchanged and ckpt.pt holds this step; free disk space or choose another out_dir") from e
     if keep_last_n > 0:
         steps = sorted(f for f in os.listdir(out_dir) if f.startswith("ckpt_") and f.endswith(".pt"))
         for old in steps[:-keep_last_n]:

@@ -108,7 +108,7 @@ class FolderLock:
 
     NAME = "run.lock"
 
-    def __init__(self, folder: str, what: str):
+    def __init__(self, folder: str):
         import fcntl
         self.file = open(os.path.join(folder, self.NAME), "a+")
         try:
@@ -117,8 +117,8 @@ class FolderLock:
             self.file.seek(0)
             holder = self.file.read().strip() or "another process"
             self.file.close()
-            raise UserError(f"{what} {folder} is in use by {holder}: wait for that run to end, or choose another "
-                            f"{what}") from None
+            raise UserError(f"out_dir {folder} is in use by {holder}: wait for that run to end, or choose another "
+                            "out_dir") from None
 
     def claim(self, who: str):
         """Write the holder's description, once every check has passed and the holder starts writing."""
@@ -159,8 +159,8 @@ def atomic_write(path: str, mode: str = "w", **open_kwargs):
         raise
 
 
-def write_json(path: str, obj: dict, indent: int = 2):
+def write_json(path: str, obj: dict):
     """Write obj as JSON, atomically."""
     with atomic_write(path) as f:
-        json.dump(obj, f, indent=indent)
+        json.dump(obj, f, indent=2)
         f.write("\n")

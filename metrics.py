@@ -57,12 +57,12 @@ def read_rows(out_dir: str) -> list[dict]:
         text = f.read(whole_length(path)).decode("utf-8", errors="replace")
     reader = csv.DictReader(io.StringIO(text, newline=""))
     rows, columns = list(reader), reader.fieldnames
-    if columns is None or "iter" not in columns:
-        raise UserError(f"{path} is empty or has no header with an iter column: not a run's metrics.csv")
+    if columns is None or "iter" not in columns or "tokens" not in columns:
+        raise UserError(f"{path} is empty or has no header with iter and tokens columns: not a run's metrics.csv")
     for line, row in enumerate(rows, 2):
         for key, value in row.items():
             try:
-                float(value or 0)
+                int(value) if key in ("iter", "tokens") else float(value or 0)  # iter and tokens are never blank
             except (TypeError, ValueError):
                 raise UserError(f"{path} line {line} is damaged ({key}={value!r} is not a number): delete that "
                                 "line") from None

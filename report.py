@@ -68,6 +68,8 @@ class Reporter:
         them all), start wandb when wandb_settings (project, name, id) are given; returns the wandb run id."""
         if not self.active:
             return None
+        if truncate_at is not None and truncate_at >= 0 and os.path.exists(metrics.metrics_path(self.out_dir)):
+            metrics.read_rows(self.out_dir)  # a damaged metrics.csv is an error before any file is written
         run_id = None
         if wandb_settings is not None:
             import wandb

@@ -43,14 +43,14 @@ log_interval = 1  # print a progress line every this many steps [log_interval > 
 log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals only) [log_format in ('text', 'json', 'quiet')]
 eval_iters = 200  # batches per split in each evaluation [eval_iters > 0]
 eval_only = False  # evaluate a trained model once (resume or gpt2*), write out_dir/eval.json and exit; the run's own files stay as they are
-always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves
+always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves (the last eval always writes it)
 keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
 max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm [max_nonfinite_steps > 0]
 init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a folder saved by transformers
 overwrite = False  # let init_from='scratch' replace the run in an out_dir that already holds a checkpoint
 seed = 1337  # seeds init, dropout and the batch sampler [0 <= seed < 2**63]
 sample_interval = 0  # every this many evals, rank 0 writes a sample to stdout, out_dir/samples.txt and wandb; 0: never [sample_interval >= 0]
-sample_prompt = "\n"  # the prompt of those samples
+sample_prompt = "\n"  # the prompt of those samples [sample_prompt != '']
 sample_tokens = 200  # tokens per sample [sample_tokens > 0]
 # ---- wandb logging
 wandb_log = False  # log to Weights & Biases (WANDB_MODE=offline works without network)
@@ -123,13 +123,17 @@ def launcher_ranks(env: dict) -> tuple[int, int, int] | None:
     return rank, local_rank, world_size
 
 
-def setup_distributed(device: str, backend: str, timeout_s: float = 1800) -> tuple[int, int, int, str]:
-    """Join the process group when launched by torchrun. Returns (rank, local_rank, world_size, device)."""
-    ranks = launcher_ranks(os.environ)
+def setup_distributed(ranks: tuple[int, int, int] | None, device: str, backend: str,
+                      timeout_s: float = 1800) -> tuple[int, int, int, str]:
+    """Join the process group when launched by torchrun (ranks from launcher_ranks). Returns (rank, local_rank,
+    world_size, device)."""
     if ranks is None:
         return 0, 0, 1, device
     rank, local_rank, world_size = ranks
     device_type = torch.device(device).type
+    if device_type == "cuda" and local_rank >= torch.cuda.device_count():
+        raise UserError(f"LOCAL_RANK {local_rank} but this node has {torch.cuda.device_count()} GPUs: start at most "
+                        "that many processes per node (--nproc_per_node)")
     if device_type == "cuda":
         device = f"cuda:{local_rank}"  # one GPU per process, picked by its rank on this node
         torch.cuda.set_device(device)
@@ -140,11 +144,18 @@ def setup_distributed(device: str, backend: str, timeout_s: float = 1800) -> tup
 
 
 def check_writable(out_dir: str):
-    """Create out_dir if needed and make sure files can be written there, without touching any existing file."""
+    """Make sure out_dir can be created or written, without creating it or touching any file in it."""
+    existing = out_dir
+    while not os.path.exists(existing):  # the nearest folder that exists decides whether out_dir can be made
+        existing = os.path.dirname(os.path.abspath(existing))
     try:
-        os.makedirs(out_dir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(f"{existing} is a file")
+        if existing == out_dir:
+            with tempfile.TemporaryFile(dir=out_dir):
+                pass
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(f"{existing} is read-only")
     except OSError as e:
         raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another out_dir") from None
 
@@ -153,18 +164,20 @@ RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv",
 
 
 def check_new_run(out_dir: str, overwrite: bool) -> list[str]:
-    """A new run (not a resume) into out_dir: refused when a checkpoint is there, unless overwrite; returns
-    the earlier run's files that the new run is to delete (its step checkpoints among them)."""
+    """A new run (not a resume) into out_dir: refused when an earlier run's results are there (checkpoints,
+    metrics, summary, ...), unless overwrite; returns those files, which the new run then deletes."""
     old = [f for f in sorted(os.listdir(out_dir)) if f in RUN_FILES or (f.startswith("ckpt_") and f.endswith(".pt"))]
-    if any(f.endswith(".pt") for f in old) and not overwrite:
-        raise UserError(f"out_dir {out_dir} already holds a run's checkpoint: continue it with --init_from=resume, "
-                        "choose another out_dir, or pass --overwrite=True to replace that run")
+    if old and not overwrite:
+        raise UserError(f"out_dir {out_dir} already holds a run ({', '.join(old[:4])}{', ...' if len(old) > 4 else ''}): "
+                        "continue it with --init_from=resume, choose another out_dir, or pass --overwrite=True to "
+                        "replace that run")
     return old
 
 
 class StopFlag:
     """Set by the first SIGTERM or SIGINT (preemption, Ctrl-C, a scheduler's time limit), so the run can
-    finish its step, checkpoint and exit 0; a second signal exits at once."""
+    finish its step, checkpoint and exit 0; a second signal exits at once. A single process looks at it
+    after every step; under DDP the ranks agree on it every STOP_CHECK_STEPS steps (and at log lines)."""
 
     def __init__(self):
         self.requested = False
@@ -175,8 +188,11 @@ class StopFlag:
         if self.requested:
             os._exit(128 + signum)
         self.requested = True
-        print(f"{signal.Signals(signum).name}: checkpointing after this step, then exiting "
-              "(send it again to exit at once)", file=sys.stderr, flush=True)
+        print(f"{signal.Signals(signum).name}: checkpointing after this step (under DDP, within {STOP_CHECK_STEPS} "
+              "steps), then exiting (send it again to exit at once)", file=sys.stderr, flush=True)
+
+
+STOP_CHECK_STEPS = 10  # under DDP: steps between the small all-reduce that lets a signal to one rank stop all
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,6 +241,14 @@ if __name__ == "__main__":
     if config["eval_only"] and config["init_from"] == "scratch":
         raise UserError("eval_only=True evaluates a trained model: give --init_from=resume (the checkpoint in "
                         "out_dir) or a GPT-2 model")
+    ranks = launcher_ranks(os.environ)  # checked before anything else, so a bad environment is one line
+    master_process = ranks is None or ranks[0] == 0  # only rank 0 writes files and prints
+    if master_process:
+        check_writable(config["out_dir"])
+    if master_process and not config["eval_only"]:  # evaluating only reads the run and writes eval.json
+        os.makedirs(config["out_dir"], exist_ok=True)
+        # taken before the checkpoint is read and held until this process ends: a second run here is refused
+        lock = FolderLock(config["out_dir"])
     checkpoint = None
     if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
         ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
@@ -232,23 +256,20 @@ if __name__ == "__main__":
         check_resume_shape(checkpoint["model_args"], config, config_defaults)
         config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
         if checkpoint["evaluated"] and checkpoint["iter_num"] >= config["max_iters"] and not config["eval_only"]:
-            print(f"the run in {config['out_dir']} is finished: its checkpoint is at iter {checkpoint['iter_num']} "
-                  f"and max_iters is {config['max_iters']}; nothing to do (raise --max_iters to train it further, "
-                  "or evaluate it with --eval_only=True)")
+            if master_process:
+                print(f"the run in {config['out_dir']} is finished: its checkpoint is at iter {checkpoint['iter_num']} "
+                      f"and max_iters is {config['max_iters']}; nothing to do (raise --max_iters to train it further, "
+                      "or evaluate it with --eval_only=True)")
             sys.exit(0)
     globals().update(config)
 
     # ---- distributed setup
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
-    ranks = launcher_ranks(os.environ)  # checked before joining, so a bad environment is one line
     if ranks is not None and gradient_accumulation_steps % ranks[2]:
         raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
                         f"world size {ranks[2]}: make it a multiple of the number of processes")
-    master_process = ranks is None or ranks[0] == 0  # only rank 0 writes files and prints
-    if master_process:
-        check_writable(out_dir)
-    rank, local_rank, world_size, device = setup_distributed(device, backend, ddp_timeout)
+    rank, local_rank, world_size, device = setup_distributed(ranks, device, backend, ddp_timeout)
     ddp = world_size > 1
     report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
@@ -297,6 +318,9 @@ if __name__ == "__main__":
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context
         model_args["block_size"] = block_size
+    elif block_size > model.config.block_size:
+        raise UserError(f"block_size {block_size} is longer than {init_from}'s context of {model.config.block_size}: "
+                        f"use --block_size={model.config.block_size} or less")
     if data["max_token_id"] >= model.config.vocab_size:
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
@@ -342,17 +366,29 @@ if __name__ == "__main__":
         report.sample(it, decode(ids[0].tolist()))
 
     def save(evaluated: bool, improved: bool):
-        """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it."""
+        """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it; when
+        rank 0 cannot save, every rank stops with its message."""
         rng_states = gather_rng_states(device_type, world_size)
+        failure = None
         if master_process:
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
-            save_checkpoint(training_state(raw_model, optimizer, scaler, model_args, config, progress, rng_states,
-                                           wandb_run_id, evaluated, data["vocabulary"]), os.path.join(out_dir, "ckpt.pt"))
-            publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
-            report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
+            try:
+                save_checkpoint(training_state(raw_model, optimizer, scaler, model_args, config, progress, rng_states,
+                                               wandb_run_id, evaluated, data["vocabulary"]), os.path.join(out_dir, "ckpt.pt"))
+                publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
+                report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
+            except UserError as e:
+                failure = str(e)
+        if ddp:  # the other ranks learn of it here, not from a broken connection at the next collective
+            box = [failure]
+            dist.broadcast_object_list(box, src=0)
+            failure = box[0]
+        if failure:
+            raise UserError(failure)
 
     if eval_only:  # one evaluation into eval.json; the run's metrics, summary, config and run.json stay as they are
         losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
+        os.makedirs(out_dir, exist_ok=True)
         report.eval_only(dict(init_from=init_from, iter=iter_num, dataset=dataset, eval_iters=eval_iters,
                               batch_size=batch_size, block_size=block_size, train_loss=losses["train"],
                               val_loss=losses["val"]))
@@ -363,12 +399,7 @@ if __name__ == "__main__":
 
     # ---- the run's files are written only now that every input has been checked
     if master_process:
-        lock = FolderLock(out_dir, "out_dir")  # held until this process ends: a second run here is refused
         stale_files = check_new_run(out_dir, overwrite) if init_from != "resume" else []
-        lock.claim(f"train.py (pid {os.getpid()} on {socket.gethostname()}, started "
-                   f"{datetime.datetime.now().isoformat(timespec='seconds')})")
-        for name in stale_files:  # with overwrite=True: the earlier run's checkpoints and results go
-            os.remove(os.path.join(out_dir, name))
     wandb_run_id = report.start(
         config, dict(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
                      tokens_per_iter=tokens_per_iter, start_iter=iter_num),
@@ -376,6 +407,12 @@ if __name__ == "__main__":
         truncate_at=iter_num if init_from == "resume" else -1,
         wandb_settings=dict(project=wandb_project, name=wandb_run_name, id=wandb_run_id) if wandb_log else None,
     ) or wandb_run_id
+    if master_process:  # with overwrite=True, the earlier run's checkpoints and results go (start emptied metrics.csv)
+        for name in stale_files:
+            if name != "metrics.csv":
+                os.remove(os.path.join(out_dir, name))
+        lock.claim(f"train.py (pid {os.getpid()} on {socket.gethostname()}, started "
+                   f"{datetime.datetime.now().isoformat(timespec='seconds')})")
     peak = peak_flops(device)
     stop = StopFlag()
 
@@ -400,7 +437,8 @@ if __name__ == "__main__":
                 best_val_loss, best_iter = losses["val"], iter_num
             last_losses, evals_done = losses, evals_done + 1
             report.eval(iter_num, tokens_seen, lr, losses)
-            if iter_num > 0 and math.isfinite(losses["val"]) and (improved or always_save_checkpoint):
+            final = iter_num >= max_iters  # always saved, so a finished run is known as one and resumes as nothing
+            if iter_num > 0 and math.isfinite(losses["val"]) and (improved or always_save_checkpoint or final):
                 save(evaluated=True, improved=improved)
             if master_process and sample_interval and evals_done % sample_interval == 0:
                 write_sample(iter_num)
@@ -434,7 +472,8 @@ if __name__ == "__main__":
         # the host looks at the verdicts every step only when asked to (or the optimizer cannot skip on the
         # device); otherwise once per log line, so the device's queue is never drained mid-interval
         log_now = iter_num % log_interval == 0 or iter_num == max_iters
-        if log_now or sync_every_step or not skip_on_device:
+        stop_check = stop.requested if not ddp else iter_num % STOP_CHECK_STEPS == 0  # a host bool: free to read
+        if log_now or stop_check or sync_every_step or not skip_on_device:
             stop_flag = torch.tensor(float(stop.requested), device=device)
             if ddp:
                 dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)  # a signal to any one rank stops them all

@@ -225,12 +225,35 @@ def trained(char_data, tmp_path):
     return out
 
 
-def test_resuming_a_finished_run_says_so_and_changes_nothing(trained, char_data, tmp_path):
-    before = digests(trained)
-    result = run_script("train.py", *args_for(char_data, trained, max_iters=4, init_from="resume"), cwd=str(tmp_path))
+@pytest.mark.parametrize("always_save", [True, False])
+def test_resuming_a_finished_run_says_so_and_changes_nothing(char_data, tmp_path, always_save):
+    out = str(tmp_path / "out")
+    # a learning rate far too high: the val loss at the last eval is worse than at iter 0, so only the rule that
+    # the last eval always writes ckpt.pt leaves a checkpoint to resume from
+    args = args_for(char_data, out, max_iters=8, eval_interval=100, learning_rate=3.0, min_lr=0.3, warmup_iters=0,
+                    always_save_checkpoint=always_save)
+    assert run_script("train.py", *args, cwd=str(tmp_path)).returncode == 0
+    before = digests(out)
+    result = run_script("train.py", *args, "--init_from=resume", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert f"the run in {trained} is finished: its checkpoint is at iter 4 and max_iters is 4" in result.stdout
-    assert digests(trained) == before
+    assert f"the run in {out} is finished: its checkpoint is at iter 8 and max_iters is 8" in result.stdout
+    assert digests(out) == before
+    val = [float(r["val_loss"]) for r in read_metrics(out) if r["val_loss"]]
+    assert val[-1] > val[0] and "best.pt" not in before  # the last eval did not improve
+
+
+def test_sigterm_is_acted_on_at_the_next_step_not_the_next_log_line(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    proc = start(char_data, out, str(tmp_path), max_iters=100_000, log_interval=5000, eval_interval=4)
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(out, "ckpt.pt")):  # the first checkpoint, at iter 4
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert not saved["evaluated"] and 4 < saved["iter_num"] < 5000
 
 
 def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_path):

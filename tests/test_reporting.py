@@ -156,17 +156,17 @@ def test_plot_of_an_empty_metrics_file_is_a_one_line_error(tmp_path):
     result = run_script("plot.py", str(tmp_path / "run"), cwd=str(tmp_path))
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'run' / 'metrics.csv'} is empty or has no header "
-                                                  "with an iter column: not a run's metrics.csv"]
+                                                  "with iter and tokens columns: not a run's metrics.csv"]
 
 
 def test_metrics_skip_a_torn_last_row_and_the_next_append_cuts_it_off(tmp_path):
     import metrics
     out = str(tmp_path)
-    metrics.append_row(out, {"iter": 1, "loss": 4.25})
+    metrics.append_row(out, {"iter": 1, "tokens": 8, "loss": 4.25})
     with open(metrics.metrics_path(out), "a") as f:
         f.write("2,,4.1")  # a kill in the middle of an append: a cut number, no newline
     assert [r["iter"] for r in metrics.read_rows(out)] == ["1"]
-    metrics.append_row(out, {"iter": 2, "loss": 4.125})
+    metrics.append_row(out, {"iter": 2, "tokens": 16, "loss": 4.125})
     assert [(r["iter"], r["loss"]) for r in metrics.read_rows(out)] == [("1", "4.25"), ("2", "4.125")]
     with open(metrics.metrics_path(out)) as f:
         assert f.read().count("\n") == 3  # the header and two whole rows, nothing of the torn one
