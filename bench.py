@@ -245,6 +245,9 @@ def build(cfg: dict) -> dict:
     B, T = cfg["batch_size"], cfg["block_size"]
     if cfg["real_data"]:
         data = load_dataset(cfg["dataset"], T)
+        if data["max_token_id"] >= vocab:
+            raise UserError(f"dataset {cfg['dataset']} has token id {data['max_token_id']}, out of range for "
+                            f"vocab_size {vocab}: leave vocab_size at 0 (the dataset's) or raise it")
 
         def batch(i):
             return get_batch(data["splits"]["train"], data["dtype"], B, T, (cfg["seed"], 0, i), device)
@@ -336,12 +339,12 @@ def figures(run: dict, dt: float, device: str) -> str:
             + (f", MFU {mfu * 100:.1f}%" if mfu is not None else ""))
 
 
-def warm_up(run: dict, label: str):
+def warm_up(run: dict, steps: int, label: str):
     t0 = time.perf_counter()
-    for i in range(warmup_steps):
+    for i in range(steps):
         run["step"](i)
     synchronize(run["device_type"])
-    print(f"{label}warm-up: {warmup_steps} steps in {time.perf_counter() - t0:.1f} s (compilation included)", flush=True)
+    print(f"{label}warm-up: {steps} steps in {time.perf_counter() - t0:.1f} s (compilation included)", flush=True)
 
 
 if __name__ == "__main__":
@@ -360,6 +363,9 @@ if __name__ == "__main__":
         bench_get_batch(batch_size, block_size, token_file_tokens)
         sys.exit(0)
     if mode == "prepare":
+        if not os.path.isfile(corpus_text):
+            raise UserError(f"corpus_text {corpus_text} is not a file: run data/shakespeare_char/prepare.py (it keeps "
+                            "input.txt) or give --corpus_text=PATH")
         bench_prepare(corpus_text, sorted({max(1, corpus_mb // 3), corpus_mb}), gpt2_tiktoken)
         sys.exit(0)
     if mode == "generate":
@@ -369,7 +375,11 @@ if __name__ == "__main__":
     torch.backends.cudnn.allow_tf32 = True
 
     if compare:  # two configs, timed in alternation in this one process: their ratio, and its spread over rounds
-        other = configurator.configure(config, shlex.split(compare), __file__, ignored=TRAINING_ONLY)
+        try:
+            flags = shlex.split(compare)
+        except ValueError as e:
+            raise UserError(f"compare={compare!r} cannot be read as flags ({e}): e.g. --compare=\"--compile=False\"") from None
+        other = configurator.configure(config, flags, __file__, ignored=TRAINING_ONLY)
         changed = {k: v for k, v in other.items() if v != config[k]}
         if not changed:
             raise UserError(f"compare={compare!r} changes no setting: give flags such as \"--compile=False\"")
@@ -377,7 +387,7 @@ if __name__ == "__main__":
               + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
         runs = {"A": build(config), "B": build(other)}
         for label, run in runs.items():
-            warm_up(run, f"{label} ")
+            warm_up(run, warmup_steps, f"{label} ")
         times = {"A": [], "B": []}
         for r in range(rounds):
             for label, run in runs.items():
@@ -394,7 +404,7 @@ if __name__ == "__main__":
         sys.exit(0)
 
     run = build(config)
-    warm_up(run, "")
+    warm_up(run, warmup_steps, "")
     if run["device_type"] == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     if profile:

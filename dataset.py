@@ -68,8 +68,12 @@ def meta_problem(meta) -> str | None:
     for split in ("train", "val"):
         entry = meta["splits"].get(split) if isinstance(meta["splits"], dict) else None
         if not (isinstance(entry, dict) and isinstance(entry.get("files"), list) and isinstance(entry.get("file_tokens"), list)
-                and len(entry["files"]) == len(entry["file_tokens"]) > 0):
-            return f"has no {split} split with a list of files and their token counts"
+                and len(entry["files"]) == len(entry["file_tokens"]) > 0
+                and all(isinstance(f, str) for f in entry["files"])
+                and all(isinstance(n, int) for n in entry["file_tokens"])):
+            return f"has no {split} split with a list of file names and their token counts"
+    if not isinstance(meta.get("max_token_id", 0), int):
+        return f"gives max_token_id {meta['max_token_id']!r}, not an integer"
     if "chars" in meta and not (isinstance(meta["chars"], str) and len(meta["chars"]) <= meta["vocab_size"]):
         return "gives chars that are not a string within vocab_size"
     return None
@@ -109,8 +113,9 @@ def find_dataset(dataset: str) -> str:
         return dataset
     data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
     if not os.path.isdir(data_dir):
-        raise UserError(f"dataset '{dataset}' not found: no folder {dataset} or {data_dir}; "
-                        f"prepare it first (python data/{dataset}/prepare.py, or data/prepare.py for your own text)")
+        how = (f"python data/{dataset}/prepare.py, or data/prepare.py for your own text" if os.sep not in dataset
+               else f"python data/prepare.py --input YOUR_TEXT --out_dir {dataset}")
+        raise UserError(f"dataset '{dataset}' not found: no folder {dataset} or {data_dir}; prepare it first ({how})")
     return data_dir
 
 

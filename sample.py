@@ -5,7 +5,8 @@ Samples text from a trained model (out_dir/ckpt.pt) or from OpenAI's GPT-2 weigh
     python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
     python sample.py --start=FILE:prompt.txt
 
-Text is decoded with the dataset's characters when it is a character dataset, else with GPT-2's BPE.
+Text is decoded with the characters the checkpoint was trained on when it is a character model, else with
+GPT-2's BPE.
 """
 import os
 import sys
@@ -15,9 +16,9 @@ import torch
 import configurator
 from checkpoint import load_checkpoint, load_model_state, load_pretrained
 from common import UserError, autocast_context, check_device, excepthook, resolve_dtype
-from dataset import find_dataset
+from dataset import find_dataset, vocabulary
 from model import GPT, PRETRAINED, GPTConfig
-from tokenizer import dataset_codec
+from tokenizer import codec
 
 # ---- model
 init_from = "resume"  # 'resume' (a checkpoint in out_dir), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a folder saved by transformers
@@ -52,13 +53,14 @@ def read_prompt(start: str) -> str:
 
 
 def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
-    """The model to sample from, and the training config it was saved with (None for GPT-2 weights)."""
+    """The model to sample from, and the vocabulary it was trained on (None for GPT-2 weights: GPT-2's BPE).
+    A checkpoint keeps its vocabulary; one from before that was kept takes its dataset folder's."""
     if init_from != "resume":
         return load_pretrained(init_from, 0.0), None
     saved = load_checkpoint(ckpt_path)
     model = GPT(GPTConfig(**saved["model_args"]))
     load_model_state(model, saved["model"], ckpt_path)
-    return model, saved["config"]
+    return model, saved.get("vocabulary") or vocabulary(find_dataset(saved["config"]["dataset"]))
 
 
 if __name__ == "__main__":
@@ -75,11 +77,11 @@ if __name__ == "__main__":
     torch.manual_seed(seed)
     ctx = autocast_context(device_type, dtype)
 
-    model, train_config = load_model(init_from, os.path.join(out_dir, checkpoint))
+    model, vocab = load_model(init_from, os.path.join(out_dir, checkpoint))
     model.eval().to(device)
     if compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs
-    encode, decode = dataset_codec(find_dataset(train_config["dataset"]) if train_config else None)
+    encode, decode = codec(vocab)
     ids = encode(prompt)
     if not ids:
         raise UserError("start is empty: give a prompt of at least one token, e.g. --start='\\n'")

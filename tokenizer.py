@@ -86,9 +86,14 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
 
 
 def dataset_codec(data_dir: str | None):
-    """(encode, decode) for a dataset folder: its characters when it is a character dataset (meta.json's
-    chars, or nanoGPT's meta.pkl), else GPT-2's BPE. None stands for a GPT-2 model without a dataset."""
-    chars = vocabulary(data_dir)["chars"] if data_dir else None
+    """(encode, decode) for a dataset folder: see codec. None stands for a GPT-2 model without a dataset."""
+    return codec(vocabulary(data_dir) if data_dir else None)
+
+
+def codec(vocab: dict | None):
+    """(encode, decode) for a vocabulary ({'tokenizer', 'chars'}, as dataset.vocabulary gives and checkpoints
+    keep): its characters for a character vocabulary, else GPT-2's BPE."""
+    chars = vocab.get("chars") if vocab else None
     if chars is not None:
         stoi = {c: i for i, c in enumerate(chars)}
 

@@ -236,6 +236,8 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
     if shard_tokens < 0 or workers < 0:
         raise PrepareError(f"--shard_tokens {shard_tokens} and --workers {workers} must be >= 0 (0: one file per "
                            "split, one worker per core)")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise PrepareError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
     if tokenizer == "gpt2":
         gpt2_encoding(rank_file)  # find (and cache) the rank file once here, not in every worker
     vocab_size = len(chars) + 1 if tokenizer == "char" else EOT + 1
@@ -324,3 +326,6 @@ if __name__ == "__main__":
                        args.seed, args.workers, args.shard_tokens, args.gpt2_tiktoken, source=" ".join(args.input))
     except UserError as e:  # PrepareError, or a rank file that is not GPT-2's
         sys.exit(f"error: {e}")
+    except OSError as e:  # a full disk, a folder that cannot be written: the earlier dataset is still in place
+        sys.exit(f"error: cannot write the dataset to {args.out_dir} ({e.strerror or e}); the dataset that was there "
+                 "is unchanged")

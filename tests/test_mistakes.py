@@ -84,6 +84,13 @@ def other_vocabulary(tmp, run, data):
                                                             os.path.join(tmp, "other"))
 
 
+def save_tiny_gpt2(tmp):
+    """A GPT-2-shaped model with a 1024-token context, saved by transformers, as a local init_from folder."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=1024)).save_pretrained(
+        os.path.join(tmp, "hf"))
+
+
 def torn_row(tmp, run, data):
     with open(os.path.join(run, "metrics.csv"), "a") as f:
         f.write("5,2560,2.71")  # a kill in the middle of an append: no newline, a cut number
@@ -191,7 +198,16 @@ CASES = [
     Case("RANK >= WORLD_SIZE", "train.py", TRAIN, r"RANK=2, LOCAL_RANK=0, WORLD_SIZE=2 do not fit together",
          env={"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}),
     # ---- train.py: out_dir
-    Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run's checkpoint: .*--overwrite=True"),
+    Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run \(best.pt, ckpt.pt, metrics.csv, summary.json\): .*--overwrite=True"),
+    Case("new run over results without a checkpoint", "train.py", [*TRAIN, "--out_dir={tmp}/other"],
+         r"out_dir .*other already holds a run \(eval.json, metrics.csv\)",
+         setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "other")),
+                                       shutil.copy(os.path.join(run, "metrics.csv"), os.path.join(tmp, "other")),
+                                       write(os.path.join(tmp, "other", "eval.json"), "{}"))),
+    Case("resume over a damaged metrics row", "train.py", RESUME, r"metrics.csv line 3 is damaged \(iter='x' is not a number\)",
+         setup=lambda tmp, run, data: write(os.path.join(run, "metrics.csv"), "".join(
+             ("x" + line[line.index(","):]) if i == 2 else line
+             for i, line in enumerate(open(os.path.join(run, "metrics.csv")).readlines())))),
     Case("out_dir not writable", "train.py", [*TRAIN, "--out_dir={tmp}/a_file/out"], r"out_dir .*a_file/out is not writable",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "a_file"), "not a folder")),
     Case("out_dir in use", "train.py", [*TRAIN, "--out_dir={live}", "--overwrite=True"],
@@ -235,6 +251,13 @@ CASES = [
     Case("token file torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"val.bin is \d+ bytes, not a whole number of 2-byte",
          setup=copy_dataset(lambda d: open(os.path.join(d, "val.bin"), "ab").write(b"\x01"))),
     Case("block_size past val", "train.py", [*TRAIN, "--block_size=100000"], r"block_size 100000 is not shorter than the val split"),
+    Case("sample_prompt empty", "train.py", [*TRAIN, "--sample_interval=1", "--sample_prompt="],
+         r"sample_prompt='' is not valid"),
+    Case("gpt2 block_size too long", "train.py", [*TRAIN, "--init_from={tmp}/hf", "--block_size=2048"],
+         r"block_size 2048 is longer than .*hf's context of 1024", setup=lambda tmp, run, data: save_tiny_gpt2(tmp)),
+    Case("meta.json file names", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.json has no train split with a list",
+         setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()
+                                            .replace('"train.bin"', '5')))),
     Case("sample_prompt", "train.py", [*TRAIN, "--sample_interval=1", "--sample_prompt=XYZ"],
          r"the prompt has characters the dataset does not: \['X', 'Y', 'Z'\]"),
     Case("gpt2 without transformers", "train.py", [*TRAIN, "--init_from=gpt2"],
@@ -261,6 +284,9 @@ CASES = [
     Case("plot damaged row", "plot.py", ["{tmp}/other"], r"metrics.csv line 3 is damaged \(loss='x7' is not a number\)",
          setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "other")), write(
              os.path.join(tmp, "other", "metrics.csv"), "iter,tokens,loss\n1,8,4.1\n2,16,x7\n3,24,3.9\n"))),
+    Case("plot blank tokens", "plot.py", ["{tmp}/other"], r"metrics.csv line 2 is damaged \(tokens='' is not a number\)",
+         setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "other")), write(
+             os.path.join(tmp, "other", "metrics.csv"), "iter,tokens,loss\n1,,4.1\n"))),
     Case("plot over a checkpoint", "plot.py", ["{run}", "--out={run}/ckpt.pt"], r"--out .*ckpt.pt does not end in .png"),
     Case("plot smooth", "plot.py", ["{run}", "--smooth=1.5"], r"--smooth 1.5 is not in \[0, 1\)"),
     Case("plot torn last row", "plot.py", ["{run}"], None, setup=torn_row, may_create={"plot.png"}),
@@ -288,6 +314,16 @@ CASES = [
     Case("prepare bad rank file", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{data}", "--gpt2_tiktoken",
                                                       "{tmp}/a.txt"], r"a.txt is not GPT-2's rank file",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "hello world\n" * 100)),
+    Case("prepare out_dir is a file", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{data}/meta.json",
+                                                          "--tokenizer", "char"], r"--out_dir .*meta.json is a file",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "hello world\n" * 100)),
+    Case("prepare full disk", "data/prepare.py", ["--input", "{tmp}/big.txt", "--out_dir", "{data}", "--tokenizer", "char"],
+         r"cannot write the dataset to .*data \(File too large\); the dataset that was there is unchanged",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "big.txt"), "lorem ipsum dolor\n\n" * 20_000),
+         runner=file_size_limit(100_000)),
+    Case("char prepare full disk", "data/shakespeare_char/prepare.py", ["--input", "{tmp}/big.txt", "--out_dir", "{data}"],
+         r"cannot write the dataset to .*data \(File too large\)", runner=file_size_limit(100_000),
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "big.txt"), "lorem ipsum dolor\n\n" * 20_000)),
     Case("char prepare not utf8", "data/shakespeare_char/prepare.py", ["--input", "{tmp}/latin1.txt", "--out_dir", "{data}"],
          r"latin1.txt is not UTF-8 text", setup=lambda tmp, run, data: write(os.path.join(tmp, "latin1.txt"),
                                                                              "caf\xe9 au lait\n".encode("latin-1") * 50)),
@@ -298,6 +334,11 @@ CASES = [
     # ---- bench.py
     Case("bench batch_size=0", "bench.py", ["--device=cpu", "--batch_size=0"], r"batch_size=0 is not valid"),
     Case("bench mode", "bench.py", ["--mode=fast"], r"mode='fast' is not valid"),
+    Case("bench compare quotes", "bench.py", ["--device=cpu", "--compare=--dtype='float32"],
+         r"compare=.* cannot be read as flags"),
+    Case("bench vocab too small", "bench.py", ["--device=cpu", "--real_data=True", "--dataset={data}", "--vocab_size=10"],
+         r"has token id \d+, out of range for vocab_size 10"),
+    Case("bench corpus missing", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/nope.txt"], r"corpus_text .*nope.txt is not a file"),
     Case("bench n_embd%n_head", "bench.py", ["--device=cpu", "--n_head=5"], r"n_embd=768 is not valid"),
 ]
 

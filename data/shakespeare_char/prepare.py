@@ -89,17 +89,23 @@ def prepare(text: str, out_dir: str, source: str = "text given to prepare()") ->
     if len(text) < 100 or len(chars) > 2**16:
         raise PrepareError(f"the text has {len(text):,} characters, {len(chars):,} of them distinct: a character "
                            "dataset needs at least 100 characters and at most 65,536 distinct ones")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise PrepareError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
     ids = CharCodec(chars).encode(text).astype(np.uint16)
     n_train = int(len(ids) * 0.9)
     os.makedirs(out_dir, exist_ok=True)
-    splits = {}
-    for split, part in (("train", ids[:n_train]), ("val", ids[n_train:])):
-        writer = TokenWriter(out_dir, split, np.uint16)
-        writer.write(part)
-        splits[split] = writer.finish()
+    splits, writers = {}, [TokenWriter(out_dir, split, np.uint16) for split in ("train", "val")]
     description = describe_text(text, source)
-    write_meta(out_dir, {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
-                         "max_token_id": int(ids.max()), "splits": splits, "source": description, "chars": chars})
+    try:
+        for writer, part in zip(writers, (ids[:n_train], ids[n_train:])):
+            writer.write(part)
+            splits[writer.split] = writer.finish()
+        write_meta(out_dir, {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
+                             "max_token_id": int(ids.max()), "splits": splits, "source": description, "chars": chars})
+    except BaseException:
+        for writer in writers:
+            writer.discard()
+        raise
     with atomic_write(os.path.join(out_dir, "meta.pkl"), "wb") as f:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
     return {"chars": len(text), "vocab_size": len(chars), "train": n_train, "val": len(ids) - n_train,
@@ -116,6 +122,9 @@ if __name__ == "__main__":
         stats = prepare(text, args.out_dir, source)
     except UserError as e:
         sys.exit(f"error: {e}")
+    except OSError as e:  # a full disk, a folder that cannot be written: the earlier dataset is still in place
+        sys.exit(f"error: cannot write the dataset to {args.out_dir} ({e.strerror or e}); the dataset that was there "
+                 "is unchanged")
     print(stats["source"])
     print(f"{stats['chars']:,} characters, vocab size {stats['vocab_size']}; "
           f"train {stats['train']:,} tokens, val {stats['val']:,} tokens -> {args.out_dir}")
