@@ -84,7 +84,7 @@ corpus_text = "data/shakespeare_char/input.txt"  # --mode=prepare: text to build
 corpus_mb = 300  # --mode=prepare: corpus size in MB, as files of about 1 MB of shuffled paragraphs [corpus_mb > 0]
 gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without network
 # ---- system
-device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU the untouched model keys shrink to CPU_MODEL
+device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU, --mode=train's untouched model keys shrink to CPU_MODEL
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model (after a test compile; without it where that fails)
 compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
@@ -98,7 +98,8 @@ TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval
                  "max_iters", "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "backend", "ddp_timeout")
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias", "dropout", "loss_chunk", "pos_emb", "rope_theta", "norm", "mlp",
               "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")  # settings that go to GPTConfig as they are
-# GPT-2 124M at 12 x 1024 takes minutes per step on a CPU; there, model keys left at their defaults take these
+# GPT-2 124M at 12 x 1024 takes minutes per step on a CPU; there, --mode=train's model keys left at their defaults
+# take these
 CPU_MODEL = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
 
 
@@ -351,7 +352,7 @@ if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__, ignored=TRAINING_ONLY)
     config["device"] = resolve_device(config["device"])
-    if check_device(config["device"]) == "cpu":
+    if check_device(config["device"]) == "cpu" and config["mode"] == "train":
         shrunk = {k: v for k, v in CPU_MODEL.items() if config[k] == config_defaults[k]}
         if shrunk:
             config.update(shrunk)
