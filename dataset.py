@@ -99,9 +99,13 @@ def vocabulary(data_dir: str) -> dict:
     """{'tokenizer', 'chars'} of a dataset folder: from meta.json, else from nanoGPT's meta.pkl (a character
     dataset); None for what is unknown (a nanoGPT folder without meta.pkl)."""
     meta = read_meta(data_dir)
+    return vocabulary_of(meta, read_meta_pkl(data_dir) if meta is None else None)
+
+
+def vocabulary_of(meta: dict | None, pkl: dict | None) -> dict:
+    """vocabulary's answer from a meta.json and a meta.pkl already read (either may be None)."""
     if meta is not None:
         return {"tokenizer": meta["tokenizer"], "chars": meta.get("chars")}
-    pkl = read_meta_pkl(data_dir)
     if pkl is not None:
         return {"tokenizer": "char", "chars": "".join(pkl["itos"][i] for i in range(len(pkl["itos"])))}
     return {"tokenizer": None, "chars": None}
@@ -148,7 +152,7 @@ def load_dataset(dataset: str, block_size: int) -> dict:
     gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and val.bin as
     uint16, with the vocabulary from meta.pkl if there is one."""
     data_dir = find_dataset(dataset)
-    meta = read_meta(data_dir)
+    meta, pkl = read_meta(data_dir), None
     if meta is not None:
         dtype, vocab_size, max_id = np.dtype(meta["dtype"]), meta["vocab_size"], meta.get("max_token_id")
         files = {split: [os.path.join(data_dir, name) for name in meta["splits"][split]["files"]] for split in ("train", "val")}
@@ -173,7 +177,7 @@ def load_dataset(dataset: str, block_size: int) -> dict:
     if max_id is None:
         max_id = max_token_id(files["train"] + files["val"], dtype)
     return {"dir": data_dir, "dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id,
-            "vocabulary": vocabulary(data_dir),
+            "vocabulary": vocabulary_of(meta, pkl),
             "splits": splits}
 
 
