@@ -230,19 +230,28 @@ def dataset_vocab_size(dataset: str) -> int | None:
     return meta["vocab_size"] if meta else None
 
 
+def model_of(cfg: dict) -> tuple[str, str, object, GPT]:
+    """The device type, dtype and autocast context of the config cfg, and its model, seeded and on the device.
+    vocab_size 0 takes the dataset's vocabulary where it is known, else GPT-2's padded 50304."""
+    from common import autocast_context, resolve_dtype
+    device_type = check_device(cfg["device"])
+    dtype = resolve_dtype(cfg["dtype"], device_type)
+    torch.manual_seed(cfg["seed"])
+    vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"]) or 50304
+    model = GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS}))
+    return device_type, dtype, autocast_context(device_type, dtype), model.to(cfg["device"])
+
+
 def build(cfg: dict) -> dict:
     """A training step of the config cfg, ready to time: {'step': f(i) -> loss, 'model', 'tokens_per_step',
     'device_type'}. The step is train.py's: micro-steps, gradient clipping, the skip verdict, the update."""
-    from common import autocast_context, compile_problem, resolve_dtype
+    from common import compile_problem
     from dataset import get_batch, load_dataset
     from optimizers import nonfinite_flag, skips_on_device, take_step
 
     device = cfg["device"]
-    device_type = check_device(device)
-    dtype = resolve_dtype(cfg["dtype"], device_type)
-    ctx = autocast_context(device_type, dtype)
-    torch.manual_seed(cfg["seed"])
-    vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"]) or 50304
+    device_type, dtype, ctx, model = model_of(cfg)
+    vocab = model.config.vocab_size
     B, T = cfg["batch_size"], cfg["block_size"]
     if cfg["real_data"]:
         data = load_dataset(cfg["dataset"], T)
@@ -258,7 +267,6 @@ def build(cfg: dict) -> dict:
 
         def batch(i):
             return x, y
-    model = GPT(GPTConfig(block_size=T, vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS})).to(device)
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
                                            device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
@@ -292,13 +300,8 @@ def build(cfg: dict) -> dict:
 def bench_generate(cfg: dict):
     """Tokens/s of GPT.generate with the KV cache and without it, alternating over rounds, on one model with
     random weights (speed does not depend on them); the two must give the same tokens."""
-    from common import autocast_context, resolve_dtype
-    device_type = check_device(cfg["device"])
-    ctx = autocast_context(device_type, resolve_dtype(cfg["dtype"], device_type))
-    torch.manual_seed(cfg["seed"])
-    vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"]) or 50304
-    model = GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS}))
-    model.to(cfg["device"]).eval()
+    device_type, _, ctx, model = model_of(cfg)
+    model.eval()
     prompt = torch.zeros((cfg["batch_size"], 1), dtype=torch.long, device=cfg["device"])
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, block_size {cfg['block_size']}, {cfg['batch_size']} "
           f"sample(s) of {cfg['gen_tokens']} tokens, device {cfg['device']}")
