@@ -21,7 +21,7 @@ import tarfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ["env", "tests", "char", "gpt2", "compile", "fastpaths", "converge", "nanogpt"]
+STEPS = ["env", "tests", "char", "gpt2", "fastpaths", "converge", "nanogpt"]
 ON_GPU = False  # set in __main__: whether this machine has CUDA (else the reduced CPU version runs)
 
 
@@ -162,33 +162,23 @@ def step_gpt2(suite: Suite, args):
         print(f"largest micro-batch that ran: {fitted}")
 
 
-def step_compile(suite: Suite, args):
-    """Ratio of compiled to eager speed, GPT-2 124M batch 12, from one bench.py --compare (GPU only: on a
-    CPU, compile's cost is covered by the test suite)."""
-    if not ON_GPU:
-        return
-    code, output = suite.run("compile", [sys.executable, "bench.py", "--compile=False", "--num_steps=20", "--rounds=5",
-                                         "--compare=--compile=True"], 600)
-    ratio = RATIO_LINE.search(output) if code == 0 else None
-    suite.row("compile on/off, GPT-2 124M batch 12", ratio is not None,
-              f"compiled/eager tokens/s {ratio[1]}x (min {ratio[2]}x, max {ratio[3]}x), one process" if ratio else
-              "see logs/compile.log")
-
-
 LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
 RATIO_LINE = re.compile(r"B/A tokens/s: ([\d.]+)x \(min ([\d.]+)x, max ([\d.]+)x")
-# (what, the A config's flags, the B config as --compare flags): B/A is each speed setting's on/off ratio
+# (what, the A config's flags, the B config as --compare flags): B/A is each speed setting's on/off ratio. On a
+# CPU only the first two run: compile's cost there is covered by the test suite, and the modes need CUDA.
 FASTPATHS = [
     ("verdicts on the device vs a host sync every step", ["--sync_every_step=True"], "--sync_every_step=False"),
     (f"chunked loss (loss_chunk={LOSS_CHUNK}) vs full logits", [], f"--loss_chunk={LOSS_CHUNK}"),
     ("chunked loss at batch 24 vs full logits at batch 12", [], f"--loss_chunk={LOSS_CHUNK} --batch_size=24"),
+    ("compile vs eager, GPT-2 124M batch 12", ["--compile=False"], "--compile=True"),
     ("compile max-autotune vs default", [], "--compile_mode=max-autotune"),
     ("compile reduce-overhead (CUDA graphs) vs default", [], "--compile_mode=reduce-overhead"),
 ]
 
 
 def step_fastpaths(suite: Suite, args):
-    """Each speed setting against its plain path, from one bench.py --compare each (GPT-2 124M, batch 12, on a GPU)."""
+    """Each speed setting against its plain path, compile against eager among them, from one bench.py --compare
+    each (GPT-2 124M, batch 12, on a GPU)."""
     for i, (what, base, variant) in enumerate(FASTPATHS if ON_GPU else FASTPATHS[:2]):
         steps = ["--num_steps=20", "--rounds=5"] if ON_GPU else ["--num_steps=2", "--rounds=2", "--warmup_steps=1"]
         code, output = suite.run(f"fastpath_{i}", [sys.executable, "bench.py", *BENCH_ARGS, *base, *steps,
