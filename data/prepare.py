@@ -221,6 +221,42 @@ class TokenWriter:
                 os.remove(os.path.join(self.out_dir, name + ".tmp"))
 
 
+def make_out_dir(out_dir: str):
+    """Create a dataset folder; a PrepareError when out_dir names a file."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise PrepareError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
+    os.makedirs(out_dir, exist_ok=True)
+
+
+def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict) -> dict:
+    """Write whole splits ({split: token ids}) and meta.json (meta with the splits' entries added), all or
+    nothing: on any failure the .tmp files go and the dataset that was there stays. Returns the entries."""
+    make_out_dir(out_dir)
+    writers = {split: TokenWriter(out_dir, split, ids.dtype) for split, ids in parts.items()}
+    try:
+        for split, ids in parts.items():
+            writers[split].write(ids)
+        splits = {split: writer.finish() for split, writer in writers.items()}
+        write_meta(out_dir, {**meta, "splits": splits})
+    except BaseException:
+        for writer in writers.values():
+            writer.discard()
+        raise
+    return splits
+
+
+def run_cli(job, out_dir: str):
+    """Run a prepare script's job and return what it returns; a UserError (PrepareError, a rank file that is not
+    GPT-2's) or a failed write (a full disk) ends the script with one error line."""
+    try:
+        return job()
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    except OSError as e:  # the earlier dataset is still in place: new files are put there only at the end
+        sys.exit(f"error: cannot write the dataset to {out_dir} ({e.strerror or e}); the dataset that was there "
+                 "is unchanged")
+
+
 def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt2", chars: str | None = None,
                    val_fraction: float = 0.01, seed: int = 0, workers: int = 0, shard_tokens: int = 0,
                    rank_file: str | None = None, progress: bool = True, source: str = "") -> dict:
@@ -236,13 +272,11 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
     if shard_tokens < 0 or workers < 0:
         raise PrepareError(f"--shard_tokens {shard_tokens} and --workers {workers} must be >= 0 (0: one file per "
                            "split, one worker per core)")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise PrepareError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
     if tokenizer == "gpt2":
         gpt2_encoding(rank_file)  # find (and cache) the rank file once here, not in every worker
     vocab_size = len(chars) + 1 if tokenizer == "char" else EOT + 1
     dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
-    os.makedirs(out_dir, exist_ok=True)
+    make_out_dir(out_dir)
     writers = {split: TokenWriter(out_dir, split, dtype, shard_tokens) for split in ("train", "val")}
     workers = workers or os.cpu_count() or 1
     max_id, n_chars, t0, shown = -1, 0, time.time(), 0.0
@@ -317,15 +351,12 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=0, help="tokenizer processes; 0 means one per core")
     parser.add_argument("--gpt2_tiktoken", default=None, help="path to GPT-2's gpt2.tiktoken rank file, for offline use")
     args = parser.parse_args()
-    try:
+
+    def job():
         if args.tokenizer == "gpt2" and args.gpt2_tiktoken and not os.path.isfile(args.gpt2_tiktoken):
             raise PrepareError(f"--gpt2_tiktoken {args.gpt2_tiktoken} is not a file")
         files = list_files(args.input)
         chars = alphabet(iter_documents(files, args.text_field)) if args.tokenizer == "char" else None
         prepare_corpus(iter_documents(files, args.text_field), args.out_dir, args.tokenizer, chars, args.val_fraction,
                        args.seed, args.workers, args.shard_tokens, args.gpt2_tiktoken, source=" ".join(args.input))
-    except UserError as e:  # PrepareError, or a rank file that is not GPT-2's
-        sys.exit(f"error: {e}")
-    except OSError as e:  # a full disk, a folder that cannot be written: the earlier dataset is still in place
-        sys.exit(f"error: cannot write the dataset to {args.out_dir} ({e.strerror or e}); the dataset that was there "
-                 "is unchanged")
+    run_cli(job, args.out_dir)

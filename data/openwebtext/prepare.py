@@ -16,7 +16,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
-from data.prepare import PrepareError, prepare_corpus  # noqa: E402
+from data.prepare import PrepareError, prepare_corpus, run_cli  # noqa: E402
 
 REPO = "Skylion007/openwebtext"
 
@@ -50,10 +50,9 @@ if __name__ == "__main__":
     parser.add_argument("--shard_tokens", type=int, default=0, help="tokens per shard file; 0 writes one file per split")
     parser.add_argument("--gpt2_tiktoken", help="GPT-2's rank file (gpt2.tiktoken), for machines without tiktoken's host")
     args = parser.parse_args()
-    try:
-        dataset = load_openwebtext(args.workers)
-        documents = (row["text"] for row in dataset)
+
+    def job():
+        documents = (row["text"] for row in load_openwebtext(args.workers))
         prepare_corpus(documents, args.out_dir, "gpt2", val_fraction=0.0005, seed=2357, workers=args.workers,
                        shard_tokens=args.shard_tokens, rank_file=args.gpt2_tiktoken, source=REPO)
-    except PrepareError as e:
-        sys.exit(f"error: {e}")
+    run_cli(job, args.out_dir)

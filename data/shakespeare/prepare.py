@@ -14,9 +14,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
-from data.prepare import TokenWriter  # noqa: E402
+from data.prepare import run_cli, write_dataset  # noqa: E402
 from common import UserError  # noqa: E402
-from dataset import write_meta  # noqa: E402
 from data.shakespeare_char.prepare import describe_text, load_text  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
@@ -27,18 +26,11 @@ def prepare(text: str, out_dir: str, rank_file: str | None = None, source: str =
     if len(text) < 1000:
         raise UserError(f"the text has {len(text)} characters: a GPT-2 dataset of it needs at least 1,000")
     n = int(len(text) * 0.9)
-    os.makedirs(out_dir, exist_ok=True)
-    splits, max_id = {}, 0
-    for split, part in (("train", text[:n]), ("val", text[n:])):
-        ids = np.array(enc.encode_ordinary(part), dtype=np.uint16)
-        writer = TokenWriter(out_dir, split, np.uint16)
-        writer.write(ids)
-        splits[split] = writer.finish()
-        max_id = max(max_id, int(ids.max()))
-    meta = {"tokenizer": "gpt2", "vocab_size": EOT + 1, "dtype": "uint16", "eot_token": EOT, "max_token_id": max_id,
-            "splits": splits, "source": describe_text(text, source)}
-    write_meta(out_dir, meta)
-    return meta
+    parts = {split: np.array(enc.encode_ordinary(part), dtype=np.uint16) for split, part in (("train", text[:n]),
+                                                                                            ("val", text[n:]))}
+    meta = {"tokenizer": "gpt2", "vocab_size": EOT + 1, "dtype": "uint16", "eot_token": EOT,
+            "max_token_id": max(int(ids.max()) for ids in parts.values()), "source": describe_text(text, source)}
+    return {**meta, "splits": write_dataset(out_dir, parts, meta)}
 
 
 if __name__ == "__main__":
@@ -47,11 +39,11 @@ if __name__ == "__main__":
     parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.json")
     parser.add_argument("--gpt2_tiktoken", help="GPT-2's rank file (gpt2.tiktoken), for machines without network")
     args = parser.parse_args()
-    try:
+
+    def job():
         text, source = load_text(args.input, here=HERE)
-        meta = prepare(text, args.out_dir, args.gpt2_tiktoken, source)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+        return prepare(text, args.out_dir, args.gpt2_tiktoken, source)
+    meta = run_cli(job, args.out_dir)
     print(meta["source"])
     print(f"train {meta['splits']['train']['tokens']:,} tokens, val {meta['splits']['val']['tokens']:,} tokens "
           f"-> {args.out_dir}")

@@ -22,9 +22,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root, for data.prepare
-from data.prepare import CharCodec, PrepareError, TokenWriter, read_text  # noqa: E402
-from common import UserError, atomic_write  # noqa: E402
-from dataset import write_meta  # noqa: E402
+from data.prepare import CharCodec, PrepareError, read_text, run_cli, write_dataset  # noqa: E402
+from common import atomic_write  # noqa: E402
 from tokenizer import download_sdist  # noqa: E402
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -89,23 +88,12 @@ def prepare(text: str, out_dir: str, source: str = "text given to prepare()") ->
     if len(text) < 100 or len(chars) > 2**16:
         raise PrepareError(f"the text has {len(text):,} characters, {len(chars):,} of them distinct: a character "
                            "dataset needs at least 100 characters and at most 65,536 distinct ones")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise PrepareError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
     ids = CharCodec(chars).encode(text).astype(np.uint16)
     n_train = int(len(ids) * 0.9)
-    os.makedirs(out_dir, exist_ok=True)
-    splits, writers = {}, [TokenWriter(out_dir, split, np.uint16) for split in ("train", "val")]
     description = describe_text(text, source)
-    try:
-        for writer, part in zip(writers, (ids[:n_train], ids[n_train:])):
-            writer.write(part)
-            splits[writer.split] = writer.finish()
-        write_meta(out_dir, {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
-                             "max_token_id": int(ids.max()), "splits": splits, "source": description, "chars": chars})
-    except BaseException:
-        for writer in writers:
-            writer.discard()
-        raise
+    write_dataset(out_dir, {"train": ids[:n_train], "val": ids[n_train:]},
+                  {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
+                   "max_token_id": int(ids.max()), "source": description, "chars": chars})
     with atomic_write(os.path.join(out_dir, "meta.pkl"), "wb") as f:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
     return {"chars": len(text), "vocab_size": len(chars), "train": n_train, "val": len(ids) - n_train,
@@ -117,14 +105,11 @@ if __name__ == "__main__":
     parser.add_argument("--input", help="a text file to use instead of tiny Shakespeare")
     parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.pkl")
     args = parser.parse_args()
-    try:
+
+    def job():
         text, source = load_text(args.input)
-        stats = prepare(text, args.out_dir, source)
-    except UserError as e:
-        sys.exit(f"error: {e}")
-    except OSError as e:  # a full disk, a folder that cannot be written: the earlier dataset is still in place
-        sys.exit(f"error: cannot write the dataset to {args.out_dir} ({e.strerror or e}); the dataset that was there "
-                 "is unchanged")
+        return prepare(text, args.out_dir, source)
+    stats = run_cli(job, args.out_dir)
     print(stats["source"])
     print(f"{stats['chars']:,} characters, vocab size {stats['vocab_size']}; "
           f"train {stats['train']:,} tokens, val {stats['val']:,} tokens -> {args.out_dir}")
