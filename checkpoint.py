@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from common import UserError, atomic_write, replace_durably
-from model import GPT, GPTConfig
+from model import GPT, PRETRAINED, GPTConfig
 
 
 def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
@@ -98,6 +98,13 @@ def check_vocabulary(checkpoint: dict, vocabulary: dict, dataset: str, path: str
             what = {"tokenizer": lambda v: f"tokenizer {v}", "chars": lambda v: f"{len(v)} characters {v[:12]!r}..."}[key]
             raise UserError(f"dataset {dataset} has {what(vocabulary[key])} but checkpoint {path} was trained on "
                             f"{what(saved[key])}: resume on the run's own dataset, or start a new run")
+
+
+def check_init_from(init_from: str, own: tuple[str, ...]):
+    """init_from must be one of the script's own choices (own: 'scratch', 'resume'), a GPT-2 name, or a folder."""
+    if init_from not in (*own, *PRETRAINED) and not os.path.isdir(init_from):
+        raise UserError(f"init_from={init_from!r} is not {', '.join(own)}, one of {', '.join(PRETRAINED)}, or a folder "
+                        "saved by transformers")
 
 
 def load_pretrained(name: str, dropout: float) -> GPT:

@@ -99,6 +99,7 @@ class Reporter:
         if not self.active:
             return
         path = os.path.join(self.out_dir, "eval.json")
+        os.makedirs(self.out_dir, exist_ok=True)  # evaluating GPT-2 may name a new out_dir
         write_json(path, {**result, "time": datetime.datetime.now().isoformat(timespec="seconds")})
         if self.format == "json":
             print(json.dumps({"eval": result}), flush=True)

@@ -14,10 +14,10 @@ import sys
 import torch
 
 import configurator
-from checkpoint import load_checkpoint, load_model_state, load_pretrained
+from checkpoint import check_init_from, load_checkpoint, load_model_state, load_pretrained
 from common import UserError, autocast_context, check_device, excepthook, resolve_dtype
 from dataset import find_dataset, vocabulary
-from model import GPT, PRETRAINED, GPTConfig
+from model import GPT, GPTConfig
 from tokenizer import codec
 
 # ---- model
@@ -68,9 +68,7 @@ if __name__ == "__main__":
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
 
-    if init_from not in ("resume", *PRETRAINED) and not os.path.isdir(init_from):
-        raise UserError(f"init_from={init_from!r} is not resume, one of {', '.join(PRETRAINED)}, or a folder saved "
-                        "by transformers")
+    check_init_from(init_from, ("resume",))
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
     prompt = read_prompt(start)

@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_resume_shape, check_vocabulary, gather_rng_states,
-                        load_checkpoint, load_pretrained, publish_checkpoint, restore_training_state, save_checkpoint,
-                        training_state)
+from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_resume_shape,
+                        check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained, publish_checkpoint,
+                        restore_training_state, save_checkpoint, training_state)
 from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops,
                     resolve_dtype)
 from dataset import eval_key, get_batch, load_dataset, seed_from
-from model import GPT, PRETRAINED, GPTConfig
+from model import GPT, GPTConfig
 from optimizers import nonfinite_flag, skips_on_device, take_step
 from report import Reporter
 from tokenizer import dataset_codec
@@ -235,9 +235,7 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
 if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)  # types and each setting's rule
-    if config["init_from"] not in ("scratch", "resume", *PRETRAINED) and not os.path.isdir(config["init_from"]):
-        raise UserError(f"init_from={config['init_from']!r} is not scratch, resume, one of {', '.join(PRETRAINED)}, "
-                        "or a folder saved by transformers")
+    check_init_from(config["init_from"], ("scratch", "resume"))
     if config["eval_only"] and config["init_from"] == "scratch":
         raise UserError("eval_only=True evaluates a trained model: give --init_from=resume (the checkpoint in "
                         "out_dir) or a GPT-2 model")
@@ -338,9 +336,9 @@ if __name__ == "__main__":
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
         checkpoint = None  # free the CPU copy
-    report.print(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {max_iters:,} steps of {tokens_per_iter:,} tokens "
-           f"({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens planned; "
-           f"starting at iteration {iter_num}; world size {world_size}, {device}, {dtype}, compile {compile}")
+    report.print(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {max_iters:,} steps of {tokens_per_iter:,} "
+                 f"tokens ({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens "
+                 f"planned; starting at iteration {iter_num}; world size {world_size}, {device}, {dtype}, compile {compile}")
 
     # ---- compile and DDP wrap
     raw_model = model  # what gets saved: no _orig_mod. or module. prefixes
@@ -388,7 +386,6 @@ if __name__ == "__main__":
 
     if eval_only:  # one evaluation into eval.json; the run's metrics, summary, config and run.json stay as they are
         losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
-        os.makedirs(out_dir, exist_ok=True)
         report.eval_only(dict(init_from=init_from, iter=iter_num, dataset=dataset, eval_iters=eval_iters,
                               batch_size=batch_size, block_size=block_size, train_loss=losses["train"],
                               val_loss=losses["val"]))
