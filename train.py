@@ -12,6 +12,7 @@ Trains a GPT on one device, or on several with DDP. One CPU or GPU:
 The defaults below train GPT-2 124M on OpenWebText; `python train.py --help` lists them all.
 """
 import datetime
+import gc
 import math
 import os
 import signal
@@ -513,4 +514,8 @@ if __name__ == "__main__":
     report.finish()
     if ddp:
         dist.barrier()  # leave together: a rank tearing down gloo while another still talks to it can abort
+        # DDP's reducer holds the process group, and a gloo group still alive when the interpreter exits aborts
+        # its process (SIGABRT) now and then: release the wrapper first so the group really ends here
+        del model
+        gc.collect()
         dist.destroy_process_group()
