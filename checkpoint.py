@@ -11,7 +11,9 @@ import torch
 import torch.distributed as dist
 
 from common import UserError, atomic_write, replace_durably
-from model import GPT, PRETRAINED, GPTConfig
+import hf
+from dataset import find_dataset, vocabulary
+from model import GPT, GPTConfig
 
 
 def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
@@ -85,7 +87,8 @@ def load_checkpoint(path: str) -> dict:
     if not missing and isinstance(checkpoint["model_args"], dict):
         missing = [f"model_args['{k}']" for k in SHAPE_KEYS if k not in checkpoint["model_args"]]
     if missing:
-        raise UserError(f"checkpoint {path} lacks {missing}: it is from an older version or another trainer")
+        raise UserError(f"checkpoint {path} lacks {missing}: it is from an older version or another trainer (nanoGPT): "
+                        f"start a new run from its weights with --init_from={path}")
     return checkpoint
 
 
@@ -101,18 +104,82 @@ def check_vocabulary(checkpoint: dict, vocabulary: dict, dataset: str, path: str
 
 
 def check_init_from(init_from: str, own: tuple[str, ...]):
-    """init_from must be one of the script's own choices (own: 'scratch', 'resume'), a GPT-2 name, or a folder."""
-    if init_from not in (*own, *PRETRAINED) and not os.path.isdir(init_from):
-        raise UserError(f"init_from={init_from!r} is not {', '.join(own)}, one of {', '.join(PRETRAINED)}, or a folder "
-                        "saved by transformers")
+    """init_from must be one of the script's own choices (own: 'scratch', 'resume'), a GPT-2 name, a folder or a
+    checkpoint file."""
+    if init_from not in (*own, *hf.PRETRAINED) and not os.path.exists(init_from):
+        raise UserError(f"init_from={init_from!r} is not {', '.join(own)}, one of {', '.join(hf.PRETRAINED)}, a folder "
+                        "saved by transformers, or a checkpoint file (this trainer's or nanoGPT's ckpt.pt)")
 
 
-def load_pretrained(name: str, dropout: float) -> GPT:
-    """GPT.from_pretrained, with its failures (no transformers, no network, an unknown name) as UserErrors."""
+def strip_prefixes(name: str) -> str:
+    """A parameter name without the prefixes that torch.compile (_orig_mod.) and DDP (module.) add."""
+    while name.startswith(("_orig_mod.", "module.")):
+        name = name.split(".", 1)[1]
+    return name
+
+
+def read_model_file(path: str, dropout: float) -> tuple[GPT, dict | None, dict | None]:
+    """The model in a checkpoint file of this trainer or of nanoGPT (which lacks this trainer's other keys and,
+    from compiled runs, has prefixed names), its vocabulary (None when unknown) and its optimizer state."""
     try:
-        return GPT.from_pretrained(name, dict(dropout=dropout))
-    except (ImportError, OSError, ValueError) as e:
-        raise UserError(str(e)) from e
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several kinds for a torn or foreign file
+        raise UserError(f"checkpoint {path} cannot be read ({e.__class__.__name__}): it is damaged or not a "
+                        "checkpoint") from e
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) or not isinstance(saved.get("model_args"), dict):
+        raise UserError(f"{path} is not a checkpoint of this trainer or nanoGPT: it lacks 'model' or 'model_args'")
+    missing = [k for k in SHAPE_KEYS if k not in saved["model_args"]]
+    if missing:
+        raise UserError(f"checkpoint {path} lacks model_args {missing}")
+    model = GPT(GPTConfig(**architecture(saved["model_args"]), dropout=dropout))
+    load_model_state(model, {strip_prefixes(k): v for k, v in saved["model"].items()}, path)
+    vocab = saved.get("vocabulary")
+    dataset = (saved.get("config") or {}).get("dataset")
+    if vocab is None and isinstance(dataset, str):  # nanoGPT's: the characters are in its dataset's meta.pkl
+        try:
+            vocab = vocabulary(find_dataset(dataset))
+        except UserError:  # that dataset is not on this machine
+            vocab = None
+    return model, vocab if vocab and (vocab.get("tokenizer") or vocab.get("chars")) else None, saved.get("optimizer")
+
+
+def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, dict | None]:
+    """The model that a new run (or sample.py) starts from, when init_from names one: a checkpoint file, a GPT-2
+    name, or a transformers folder. Returns (model, its vocabulary or None for GPT-2's BPE or unknown, optimizer
+    state or None)."""
+    if os.path.isfile(init_from):
+        return read_model_file(init_from, dropout)
+    return hf.load(init_from, dropout), None, None
+
+
+def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
+    """The model that sample.py, export.py and eval.py read: the checkpoint at ckpt_path with init_from='resume',
+    else what init_from names (see load_pretrained); and its vocabulary (None: GPT-2's BPE)."""
+    if init_from == "resume" and not os.path.isfile(ckpt_path):
+        raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint")
+    source = ckpt_path if init_from == "resume" else init_from
+    model, vocab, _ = load_pretrained(source, 0.0)
+    if vocab is None and model.config.vocab_size < 50257:
+        raise UserError(f"{source} holds a model of {model.config.vocab_size} tokens but not its characters, and "
+                        "its dataset folder (with meta.pkl) is not here: put that folder in data/")
+    return model, vocab
+
+
+def take_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> str | None:
+    """Load an optimizer state saved by another run (AdamW moments for the same parameters) while keeping this
+    run's hyperparameters; returns why it was not taken, or None when it was."""
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not groups or [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
+        return "its parameter groups differ from this run's"
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    saved = state.get("state", {})
+    if any(key in saved and saved[key].get("exp_avg", p).shape != p.shape for key, p in enumerate(params)):
+        return "its moments have other shapes"
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, own in zip(optimizer.param_groups, settings):  # the moments are taken, this run's settings kept
+        group.update(own)
+    return None
 
 
 def check_resume_shape(checkpoint_args: dict, config: dict, defaults: dict):

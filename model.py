@@ -3,11 +3,10 @@ The GPT language model: one file, no dependencies beyond torch. GPT-2 by default
 below `loss_chunk` switches one part to its LLaMA-era alternative (rotary positions, RMSNorm, SwiGLU or
 ReLU^2, grouped-query attention, QK-norm, untied embeddings), and the defaults are GPT-2 bit for bit.
 
-Parameter names follow GPT-2's published checkpoints (transformer.h.0.attn.c_attn, ...) so that
-`GPT.from_pretrained` can copy OpenAI's weights in by name.
+Parameter names follow GPT-2's published checkpoints (transformer.h.0.attn.c_attn, ...) so that hf.py
+copies OpenAI's weights in by name.
 """
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -225,9 +224,6 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w.to(weight.dtype), None, None
 
 
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes on the Hugging Face hub
-
-
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -313,42 +309,6 @@ class GPT(nn.Module):
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         else:
             self.rope_cos, self.rope_sin = self.rope_cos[:block_size], self.rope_sin[:block_size]
-
-    @classmethod
-    def from_pretrained(cls, model_type: str, override_args: dict | None = None) -> "GPT":
-        """GPT-2 weights through Hugging Face transformers: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl',
-        or a local directory written by transformers' save_pretrained. Only dropout may be overridden."""
-        override_args = override_args or {}
-        if set(override_args) - {"dropout"}:
-            raise ValueError(f"from_pretrained can only override dropout, not {sorted(set(override_args) - {'dropout'})}")
-        if model_type not in PRETRAINED and not os.path.isdir(model_type):
-            raise ValueError(f"unknown pretrained model '{model_type}': use {', '.join(PRETRAINED)} or a folder "
-                            "saved by transformers' save_pretrained")
-        try:
-            from transformers import GPT2LMHeadModel
-        except ImportError:
-            raise ImportError("loading GPT-2 weights needs Hugging Face transformers: pip install transformers") from None
-        try:
-            hf_model = GPT2LMHeadModel.from_pretrained(model_type)
-        except OSError as e:  # no network, no such folder, or a folder without the weights
-            raise OSError(f"could not load GPT-2 weights '{model_type}' ({e.__class__.__name__}): without network "
-                            "access, save them on a machine that has it (GPT2LMHeadModel.from_pretrained(name)"
-                            ".save_pretrained(folder)) and pass that folder as init_from") from e
-        hf = hf_model.config
-        config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer,
-                           n_head=hf.n_head, n_embd=hf.n_embd, bias=True, dropout=override_args.get("dropout", 0.0))
-        model = GPT(config)
-        sd = model.state_dict()
-        sd_hf = {k: v for k, v in hf_model.state_dict().items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
-        if set(sd) != set(sd_hf):
-            raise ValueError(f"checkpoint keys differ from the model's: missing {sorted(set(sd) - set(sd_hf))[:5]}, "
-                             f"unexpected {sorted(set(sd_hf) - set(sd))[:5]}")
-        # GPT-2 stores these as Conv1D, i.e. (in, out); nn.Linear wants (out, in)
-        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        with torch.no_grad():
-            for k, v in sd_hf.items():
-                sd[k].copy_(v.t() if k.endswith(transposed) else v)
-        return model
 
     def configure_optimizers(self, weight_decay: float, learning_rate: float, betas: tuple[float, float],
                              device_type: str) -> torch.optim.AdamW:

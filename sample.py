@@ -14,14 +14,12 @@ import sys
 import torch
 
 import configurator
-from checkpoint import check_init_from, load_checkpoint, load_model_state, load_pretrained
+from checkpoint import check_init_from, load_trained
 from common import UserError, autocast_context, check_device, excepthook, resolve_dtype
-from dataset import find_dataset, vocabulary
-from model import GPT, GPTConfig
 from tokenizer import codec
 
 # ---- model
-init_from = "resume"  # 'resume' (a checkpoint in out_dir), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a folder saved by transformers
+init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
 out_dir = "out"  # where the checkpoint is, with init_from='resume'
 checkpoint = "ckpt.pt"  # which checkpoint in out_dir: ckpt.pt (latest), best.pt (best val loss) or ckpt_<iter>.pt
 # ---- sampling
@@ -52,17 +50,6 @@ def read_prompt(start: str) -> str:
         raise UserError(f"start={start!r}: prompt file {path} cannot be read as UTF-8 text ({e.__class__.__name__})") from None
 
 
-def load_model(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
-    """The model to sample from, and the vocabulary it was trained on (None for GPT-2 weights: GPT-2's BPE).
-    A checkpoint keeps its vocabulary; one from before that was kept takes its dataset folder's."""
-    if init_from != "resume":
-        return load_pretrained(init_from, 0.0), None
-    saved = load_checkpoint(ckpt_path)
-    model = GPT(GPTConfig(**saved["model_args"]))
-    load_model_state(model, saved["model"], ckpt_path)
-    return model, saved.get("vocabulary") or vocabulary(find_dataset(saved["config"]["dataset"]))
-
-
 if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
@@ -75,7 +62,7 @@ if __name__ == "__main__":
     torch.manual_seed(seed)
     ctx = autocast_context(device_type, dtype)
 
-    model, vocab = load_model(init_from, os.path.join(out_dir, checkpoint))
+    model, vocab = load_trained(init_from, os.path.join(out_dir, checkpoint))
     model.eval().to(device)
     if compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs

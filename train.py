@@ -28,7 +28,7 @@ import torch.distributed as dist
 import configurator
 from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_resume_shape,
                         check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained, publish_checkpoint,
-                        restore_training_state, save_checkpoint, training_state)
+                        restore_training_state, save_checkpoint, take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops,
                     resolve_dtype)
 from dataset import eval_key, get_batch, load_dataset, seed_from
@@ -47,7 +47,7 @@ eval_only = False  # evaluate a trained model once (resume or gpt2*), write out_
 always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves (the last eval always writes it)
 keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
 max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm [max_nonfinite_steps > 0]
-init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a folder saved by transformers
+init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers (GPT-2 or LLaMA), or a checkpoint file (ours or nanoGPT's ckpt.pt) to start a new run from
 overwrite = False  # let init_from='scratch' replace the run in an out_dir that already holds a checkpoint
 seed = 1337  # seeds init, dropout and the batch sampler [0 <= seed < 2**63]
 sample_interval = 0  # every this many evals, rank 0 writes a sample to stdout, out_dir/samples.txt and wandb; 0: never [sample_interval >= 0]
@@ -309,8 +309,9 @@ if __name__ == "__main__":
     elif init_from == "resume":
         model_args["vocab_size"] = checkpoint["model_args"]["vocab_size"]  # the rest of its shape is in config now
         model = GPT(GPTConfig(**model_args))  # its state is restored with the optimizer's, below
-    else:  # GPT-2 weights, by name or from a folder
-        model = load_pretrained(init_from, dropout)
+    else:  # weights to start from: GPT-2 by name, a transformers folder, or a checkpoint file (ours or nanoGPT's)
+        model, start_vocabulary, start_optimizer = load_pretrained(init_from, dropout)
+        check_vocabulary({"vocabulary": start_vocabulary}, data["vocabulary"], dataset, init_from)
         model.config.loss_chunk = loss_chunk
         for k in (*SHAPE_KEYS, *ARCH_KEYS):
             model_args[k] = getattr(model.config, k)
@@ -329,6 +330,9 @@ if __name__ == "__main__":
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))  # fp16 needs loss scaling, bf16 not
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
     wandb_run_id, skip_first_eval = None, False
+    if init_from not in ("scratch", "resume") and start_optimizer is not None:
+        refused = take_optimizer_state(optimizer, start_optimizer)
+        report.print(f"optimizer state of {init_from} " + (f"not taken: {refused}" if refused else "taken (AdamW moments)"))
     if checkpoint is not None:
         state = restore_training_state(checkpoint, ckpt_path, model, optimizer, scaler, rank, world_size, device_type)
         iter_num, tokens_seen, best_val_loss, best_iter = (state[k] for k in PROGRESS_KEYS)
@@ -392,6 +396,8 @@ if __name__ == "__main__":
                               val_loss=losses["val"]))
         if ddp:
             dist.barrier()
+            del model  # the DDP wrapper holds the process group: see the end of this file
+            gc.collect()
             dist.destroy_process_group()
         sys.exit(0)
 

@@ -95,28 +95,6 @@ def test_temperature_zero_is_greedy_decoding():
     assert torch.equal(out, expected)
 
 
-def test_from_pretrained_reproduces_transformers_logits(tmp_path):
-    import transformers  # a test dependency (requirements-dev.txt), optional for users
-
-    torch.manual_seed(0)
-    hf_config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=101, n_positions=32,
-                                        bos_token_id=0, eos_token_id=0)
-    hf_model = transformers.GPT2LMHeadModel(hf_config).eval()
-    hf_model.save_pretrained(tmp_path)
-    model = GPT.from_pretrained(str(tmp_path)).eval()
-    assert model.config.n_layer == 2 and model.config.block_size == 32 and model.config.vocab_size == 101
-    idx = torch.randint(101, (2, 32))
-    with torch.no_grad():
-        expected = hf_model(idx).logits
-        logits, _ = model(idx, idx)  # with targets, logits for every position
-    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
-
-
-def test_from_pretrained_rejects_unknown_names():
-    with pytest.raises(ValueError, match="unknown pretrained model"):
-        GPT.from_pretrained("gpt3")
-
-
 def test_mfu_is_none_without_a_known_peak_and_follows_the_formula():
     model = GPT(tiny_config())
     assert peak_flops("cpu") is None

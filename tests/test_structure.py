@@ -5,7 +5,7 @@ import os
 
 from conftest import ROOT
 
-SCRIPTS = {"train", "sample", "bench", "plot"}  # the top floor: run, never imported by the project
+SCRIPTS = {"train", "sample", "bench", "plot", "export", "eval"}  # the top floor: run, never imported by the project
 
 
 def project_imports() -> dict[str, set[str]]:

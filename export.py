@@ -1,0 +1,59 @@
+"""
+Writes a trained model as a Hugging Face transformers folder (weights, config.json, tokenizer), which
+transformers, lm-evaluation-harness and vLLM load as they are:
+
+    python export.py --out_dir=out-shakespeare-char --to=hf-shakespeare-char
+    python export.py --init_from=gpt2 --to=hf-gpt2 --dtype=bfloat16
+
+GPT-2-shaped models become GPT2LMHeadModel, LLaMA-shaped ones (rope, rmsnorm, swiglu; GQA and untied
+embeddings allowed) LlamaForCausalLM; other combinations have no transformers class and are refused. The
+folder is written beside `to` and renamed into place, so a failed export leaves no half-written folder.
+"""
+import os
+import shutil
+import sys
+import tempfile
+
+import torch
+
+import configurator
+from checkpoint import check_init_from, load_trained
+from common import UserError, excepthook
+from hf import to_transformers, write_tokenizer
+
+init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
+out_dir = "out"  # where the checkpoint is, with init_from='resume'
+checkpoint = "ckpt.pt"  # which checkpoint in out_dir: ckpt.pt (latest), best.pt (best val loss) or ckpt_<iter>.pt
+to = ""  # the folder to write [to != '']
+dtype = "float32"  # the weights' type in the folder [dtype in ('float32', 'bfloat16', 'float16')]
+overwrite = False  # replace `to` when it already exists
+config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
+
+
+def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) -> str:
+    """Write model and its tokenizer to folder; returns a line saying what was written."""
+    if os.path.exists(folder) and not overwrite:
+        raise UserError(f"{folder} already exists: choose another --to, or pass --overwrite=True to replace it")
+    hf_model = to_transformers(model, vocab).to(getattr(torch, dtype))
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent, prefix=".export-") as tmp:
+        staged = os.path.join(tmp, "model")
+        hf_model.save_pretrained(staged)
+        tokenizer = write_tokenizer(vocab, staged)
+        files = sorted(os.listdir(staged))
+        if os.path.exists(folder):
+            shutil.rmtree(folder)
+        os.replace(staged, folder)
+    params = sum(p.numel() for p in model.parameters())
+    return (f"wrote {folder}: {type(hf_model).__name__} ({params / 1e6:.2f}M parameters, {dtype}) and {tokenizer}; "
+            f"files {', '.join(files)}")
+
+
+if __name__ == "__main__":
+    sys.excepthook = excepthook
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__)
+    globals().update(config)
+    check_init_from(init_from, ("resume",))
+    model, vocab = load_trained(init_from, os.path.join(out_dir, checkpoint))
+    print(export(model, vocab, to, dtype, overwrite))

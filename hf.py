@@ -1,0 +1,257 @@
+"""
+The Hugging Face transformers format, both ways: GPT-2-shaped models as GPT2LMHeadModel, LLaMA-shaped ones
+(RoPE, RMSNorm, SwiGLU, any GQA, tied or untied) as LlamaForCausalLM, and the tokenizer files that go with
+them. transformers is optional: it is imported here, when a model is loaded or exported.
+
+Our parameter names are GPT-2's, so GPT-2 maps by name (its Conv1D layers store weights transposed). For
+LLaMA, our fused q/k/v and gate/up matrices are split into LLaMA's separate projections; our rotary layout
+is already Hugging Face's (rotate-half), so no weight is permuted.
+"""
+import dataclasses
+import os
+
+import torch
+
+from common import UserError
+from model import GPT, GPTConfig
+
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes on the Hugging Face hub
+EPS = 1e-5  # model.py's LayerNorm and RMSNorm epsilon
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
+
+
+def transformers_module():
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("this needs Hugging Face transformers: pip install transformers") from None
+    return transformers
+
+
+def hf_family(config: GPTConfig) -> str:
+    """'gpt2' or 'llama': the transformers class that computes exactly what this model does, or a UserError."""
+    if (config.pos_emb, config.norm, config.mlp, config.qk_norm) == ("learned", "layernorm", "gelu", False) \
+            and config.kv_heads == config.n_head and config.tie_embeddings:
+        return "gpt2"
+    if (config.pos_emb, config.norm, config.mlp, config.qk_norm) == ("rope", "rmsnorm", "swiglu", False):
+        return "llama"
+    raise UserError(f"transformers has no model class for pos_emb={config.pos_emb}, norm={config.norm}, "
+                    f"mlp={config.mlp}, n_kv_head={config.n_kv_head}, qk_norm={config.qk_norm}, "
+                    f"tie_embeddings={config.tie_embeddings}: export supports GPT-2's shape (learned, layernorm, "
+                    "gelu, tied, no GQA or qk_norm) and LLaMA's (rope, rmsnorm, swiglu, no qk_norm)")
+
+
+def hf_config(config: GPTConfig, special_tokens: dict):
+    """The transformers config of a model of ours. special_tokens: bos/eos ids of its tokenizer."""
+    tf = transformers_module()
+    if hf_family(config) == "gpt2":
+        # GPT-2 always has biases: a bias=False model is exported with zero biases and says so in nanogpt_bias
+        return tf.GPT2Config(vocab_size=config.vocab_size, n_positions=config.block_size, n_embd=config.n_embd,
+                             n_layer=config.n_layer, n_head=config.n_head, n_inner=config.hidden,
+                             activation_function="gelu_new", layer_norm_epsilon=EPS, resid_pdrop=0.0,
+                             embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True, nanogpt_bias=config.bias,
+                             **special_tokens)
+    return tf.LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.hidden,
+                          num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
+                          num_key_value_heads=config.kv_heads, head_dim=config.n_embd // config.n_head,
+                          max_position_embeddings=config.block_size, rms_norm_eps=EPS, rope_theta=config.rope_theta,
+                          attention_bias=config.bias, mlp_bias=config.bias, hidden_act="silu",
+                          tie_word_embeddings=config.tie_embeddings, **special_tokens)
+
+
+def to_hf_state(model: GPT) -> dict:
+    """Our state dict renamed (and, for GPT-2, transposed; for LLaMA, split) into transformers' names."""
+    config, sd = model.config, model.state_dict()
+    if hf_family(config) == "gpt2":
+        out = {k: (v.t() if k.endswith(CONV1D) else v).clone() for k, v in sd.items()}
+        if not config.bias:  # GPT-2's layers all have biases: zeros compute what ours compute without them
+            for name, module in model.named_modules():
+                if name.endswith(("c_attn", "c_proj", "c_fc", "ln_1", "ln_2", "ln_f")):
+                    out[f"{name}.bias"] = torch.zeros(module.weight.shape[-1] if "ln" in name else module.weight.shape[0])
+        return out
+    hs, nkv = config.n_embd // config.n_head, config.kv_heads
+    out = {"model.embed_tokens.weight": sd["transformer.wte.weight"], "model.norm.weight": sd["transformer.ln_f.weight"],
+           "lm_head.weight": sd["lm_head.weight"]}
+    for i in range(config.n_layer):
+        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        out[theirs + "input_layernorm.weight"] = sd[ours + "ln_1.weight"]
+        out[theirs + "post_attention_layernorm.weight"] = sd[ours + "ln_2.weight"]
+        for kind in ("weight", "bias") if config.bias else ("weight",):
+            q, k, v = sd[ours + f"attn.c_attn.{kind}"].split([config.n_head * hs, nkv * hs, nkv * hs])
+            gate, up = sd[ours + f"mlp.c_fc.{kind}"].chunk(2)
+            out.update({theirs + f"self_attn.q_proj.{kind}": q, theirs + f"self_attn.k_proj.{kind}": k,
+                        theirs + f"self_attn.v_proj.{kind}": v, theirs + f"self_attn.o_proj.{kind}": sd[ours + f"attn.c_proj.{kind}"],
+                        theirs + f"mlp.gate_proj.{kind}": gate, theirs + f"mlp.up_proj.{kind}": up,
+                        theirs + f"mlp.down_proj.{kind}": sd[ours + f"mlp.c_proj.{kind}"]})
+    return {k: v.clone() for k, v in out.items()}
+
+
+def to_transformers(model: GPT, vocab: dict | None = None):
+    """A transformers model (GPT2LMHeadModel or LlamaForCausalLM) that computes what model computes. vocab: the
+    vocabulary it was trained on (as checkpoints keep it; None: GPT-2's BPE), for its bos/eos ids."""
+    tf = transformers_module()
+    config = hf_config(model.config, special_tokens(vocab, model.config.vocab_size))
+    cls = tf.GPT2LMHeadModel if config.model_type == "gpt2" else tf.LlamaForCausalLM
+    hf_model = cls(config)
+    state = to_hf_state(model)
+    missing, unexpected = hf_model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight"]
+    if missing or unexpected:  # a transformers version with other names: say so rather than export a broken model
+        raise UserError(f"this transformers version names {cls.__name__}'s weights differently (missing "
+                        f"{missing[:3]}, unexpected {unexpected[:3]}): export with transformers 4.4x or 5.x")
+    return hf_model.eval()
+
+
+def rope_theta_of(hf) -> float:
+    """rope_theta of a LLaMA config, from transformers 5's rope_parameters or 4's attribute."""
+    params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
+    if params.get("rope_type", params.get("type", "default")) != "default":
+        raise UserError(f"this LLaMA model scales its rotary positions ({params}): only plain RoPE "
+                        "is supported")
+    return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+
+
+def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
+    """Our GPT with the weights of a transformers GPT2LMHeadModel or LlamaForCausalLM."""
+    hf, sd = hf_model.config, hf_model.state_dict()
+    if hf.model_type == "gpt2":
+        if hf.activation_function not in ("gelu_new", "gelu_pytorch_tanh") or hf.layer_norm_epsilon != EPS:
+            raise UserError(f"this GPT-2 uses activation {hf.activation_function} and layer-norm epsilon "
+                            f"{hf.layer_norm_epsilon}: model.py computes tanh-GELU and {EPS}")
+        bias = getattr(hf, "nanogpt_bias", True)
+        config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
+                           n_embd=hf.n_embd, bias=bias, dropout=dropout, mlp_hidden=hf.n_inner or 0)
+        state = {k: v.t() if k.endswith(CONV1D) else v for k, v in sd.items()
+                 if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        if not bias:  # exported from a model without biases: they are zeros, and only then may be dropped
+            if any(v.any() for k, v in state.items() if k.endswith(".bias")):
+                raise UserError("this GPT-2 says nanogpt_bias=false but has non-zero biases: remove that line from "
+                                "its config.json")
+            state = {k: v for k, v in state.items() if not k.endswith(".bias")}
+    elif hf.model_type == "llama":
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        if hf.hidden_act != "silu" or hf.rms_norm_eps != EPS or head_dim * hf.num_attention_heads != hf.hidden_size \
+                or hf.attention_bias != getattr(hf, "mlp_bias", False):
+            raise UserError(f"this LLaMA model (hidden_act {hf.hidden_act}, rms_norm_eps {hf.rms_norm_eps}, head_dim "
+                            f"{head_dim}, attention_bias {hf.attention_bias}) is not one model.py computes: it needs "
+                            f"silu, eps {EPS}, head_dim = hidden_size / heads and the same bias setting throughout")
+        config = GPTConfig(block_size=hf.max_position_embeddings, vocab_size=hf.vocab_size, n_layer=hf.num_hidden_layers,
+                           n_head=hf.num_attention_heads, n_kv_head=hf.num_key_value_heads, n_embd=hf.hidden_size,
+                           bias=hf.attention_bias, dropout=dropout, pos_emb="rope", rope_theta=rope_theta_of(hf),
+                           norm="rmsnorm", mlp="swiglu", mlp_hidden=hf.intermediate_size,
+                           tie_embeddings=hf.tie_word_embeddings)
+        state = {"transformer.wte.weight": sd["model.embed_tokens.weight"], "transformer.ln_f.weight": sd["model.norm.weight"],
+                 "lm_head.weight": sd["lm_head.weight"]}
+        for i in range(config.n_layer):
+            ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+            state[ours + "ln_1.weight"] = sd[theirs + "input_layernorm.weight"]
+            state[ours + "ln_2.weight"] = sd[theirs + "post_attention_layernorm.weight"]
+            for kind in ("weight", "bias") if config.bias else ("weight",):
+                attn = [sd[theirs + f"self_attn.{p}_proj.{kind}"] for p in "qkv"]
+                state[ours + f"attn.c_attn.{kind}"] = torch.cat(attn)
+                state[ours + f"attn.c_proj.{kind}"] = sd[theirs + f"self_attn.o_proj.{kind}"]
+                state[ours + f"mlp.c_fc.{kind}"] = torch.cat([sd[theirs + f"mlp.gate_proj.{kind}"], sd[theirs + f"mlp.up_proj.{kind}"]])
+                state[ours + f"mlp.c_proj.{kind}"] = sd[theirs + f"mlp.down_proj.{kind}"]
+    else:
+        raise UserError(f"transformers model type {hf.model_type!r} is not supported: use a GPT-2 or LLaMA model")
+    if config.mlp_hidden == dataclasses.replace(config, mlp_hidden=0).hidden:
+        config.mlp_hidden = 0  # the default width, said the way a config file would say it
+    if config.n_kv_head == config.n_head:
+        config.n_kv_head = 0
+    model = GPT(config)
+    if config.tie_embeddings:
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    own = model.state_dict()
+    own_keys = {k for k in own if not (config.tie_embeddings and k == "lm_head.weight")}
+    if set(state) != own_keys:
+        raise UserError(f"the transformers weights do not fit: missing {sorted(own_keys - set(state))[:5]}, "
+                        f"unexpected {sorted(set(state) - own_keys)[:5]}")
+    with torch.no_grad():
+        for k, v in state.items():
+            own[k].copy_(v)
+    return model
+
+
+def load(name: str, dropout: float = 0.0) -> GPT:
+    """A GPT-2 from the hub by name (PRETRAINED), or the GPT-2 or LLaMA model in a folder that transformers'
+    save_pretrained (or export.py) wrote."""
+    if name not in PRETRAINED and not os.path.isdir(name):
+        raise UserError(f"unknown pretrained model '{name}': use {', '.join(PRETRAINED)} or a folder saved by "
+                        "transformers' save_pretrained")
+    tf = transformers_module()
+    try:
+        kind = tf.AutoConfig.from_pretrained(name).model_type
+        cls = {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM}.get(kind)
+        if cls is None:
+            raise UserError(f"{name} holds a transformers {kind!r} model: only GPT-2 and LLaMA models load")
+        hf_model = cls.from_pretrained(name)
+    except OSError as e:  # no network, no such folder, or a folder without the weights
+        raise UserError(f"could not load '{name}' ({e.__class__.__name__}): without network access, save the model "
+                        "on a machine that has it (GPT2LMHeadModel.from_pretrained(name).save_pretrained(folder)) "
+                        "and pass that folder") from e
+    return from_transformers(hf_model, dropout)
+
+
+# ---- tokenizer files
+
+def byte_symbols() -> list[str]:
+    """GPT-2's printable stand-in for each byte: printable Latin-1 bytes stand for themselves, the other 68
+    take the code points from 256 up, in byte order (the vocab.json and merges.txt convention)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    symbols, extra = {}, 256
+    for b in range(256):
+        if b in printable:
+            symbols[b] = chr(b)
+        else:
+            symbols[b], extra = chr(extra), extra + 1
+    return [symbols[b] for b in range(256)]
+
+
+def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The merge list that builds each multi-byte token from tiktoken-style ranks: a token of rank r is the
+    merge of the two parts that byte-pair encoding with only the merges ranked below r leaves of it."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:
+            i = min(range(len(parts) - 1), key=lambda j: ranks.get(parts[j] + parts[j + 1], rank))
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) == 2:
+            merges.append((parts[0], parts[1]))
+    return merges
+
+
+def write_tokenizer(vocab: dict | None, folder: str) -> str:
+    """Tokenizer files for a model's vocabulary (as checkpoints keep it; None: GPT-2's BPE) in folder, loadable
+    with AutoTokenizer; returns what it wrote, in words."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tf = transformers_module()
+    chars = (vocab or {}).get("chars")
+    if chars is not None:  # one token per character, nothing merged
+        tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+        tok.decoder = decoders.Fuse()
+        tf.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+        return f"a {len(chars)}-character tokenizer"
+    from tokenizer import EOT, gpt2_encoding
+
+    enc = gpt2_encoding()
+    ranks = {enc.decode_single_token_bytes(i): i for i in range(EOT)}
+    symbols = byte_symbols()
+    spell = lambda b: "".join(symbols[x] for x in b)
+    tok = Tokenizer(models.BPE(vocab={spell(b): i for b, i in ranks.items()},
+                               merges=[(spell(a), spell(b)) for a, b in bpe_merges(ranks)]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's split, then bytes as symbols
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                               unk_token="<|endoftext|>").save_pretrained(folder)
+    return "GPT-2's BPE tokenizer"
+
+
+def special_tokens(vocab: dict | None, vocab_size: int) -> dict:
+    """bos/eos ids for a model config: GPT-2's <|endoftext|> when the model has GPT-2's BPE, else none."""
+    chars = (vocab or {}).get("chars")
+    if chars is None and vocab_size > 50256:
+        return {"bos_token_id": 50256, "eos_token_id": 50256}
+    return {"bos_token_id": None, "eos_token_id": None}

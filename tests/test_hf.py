@@ -1,0 +1,181 @@
+"""The transformers format both ways (hf.py, export.py), and the ways in: transformers folders and nanoGPT
+checkpoints as init_from, nanoGPT checkpoints sampled directly."""
+import json
+import os
+
+import pytest
+import torch
+
+from checkpoint import load_trained
+from common import UserError
+from conftest import gpt2_rank_file, read_metrics, run_script, tiny_args
+
+transformers = pytest.importorskip("transformers")  # a test dependency (requirements-dev.txt), optional for users
+import hf  # noqa: E402  (after the skip: hf.py imports transformers lazily, but its tests need it)
+from export import export  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+GPT2_SHAPE = dict()
+LLAMA_SHAPE = dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2, tie_embeddings=False, bias=False,
+                   rope_theta=500.0)
+
+
+def random_model(**arch) -> GPT:
+    """A small model with every weight random (norm gains and biases too, so a mix-up between them shows)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=97, **arch)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def logits_of(model, idx):
+    with torch.no_grad():
+        return model(idx, idx)[0]  # with targets: the logits of every position
+
+
+@pytest.mark.parametrize("arch,cls", [(GPT2_SHAPE, "GPT2LMHeadModel"), (dict(bias=False), "GPT2LMHeadModel"),
+                                      (LLAMA_SHAPE, "LlamaForCausalLM"), (dict(LLAMA_SHAPE, bias=True, n_kv_head=0,
+                                                                               tie_embeddings=True), "LlamaForCausalLM")])
+def test_exported_folder_loads_in_transformers_with_our_logits(tmp_path, arch, cls):
+    model = random_model(**arch)
+    line = export(model, {"tokenizer": "char", "chars": "abcdefghij"}, str(tmp_path / "hf"), "float32", False)
+    assert line.startswith(f"wrote {tmp_path / 'hf'}: {cls}")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert type(loaded).__name__ == cls
+    idx = torch.randint(97, (2, 32))
+    with torch.no_grad():
+        theirs = loaded(idx).logits
+    assert (logits_of(model, idx) - theirs).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("arch", [GPT2_SHAPE, dict(bias=False), LLAMA_SHAPE])
+def test_ours_to_transformers_to_ours_is_bit_exact(tmp_path, arch):
+    model = random_model(**arch)
+    hf.to_transformers(model).save_pretrained(str(tmp_path))
+    back = hf.load(str(tmp_path))
+    assert back.config == model.config
+    ours, theirs = model.state_dict(), back.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_transformers_gpt2_loads_with_its_logits(tmp_path):
+    torch.manual_seed(0)
+    hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_head=4, n_embd=64, vocab_size=101, n_positions=32, bos_token_id=0, eos_token_id=0)).eval()
+    hf_model.save_pretrained(tmp_path)
+    model = hf.load(str(tmp_path)).eval()
+    assert (model.config.n_layer, model.config.block_size, model.config.vocab_size) == (2, 32, 101)
+    idx = torch.randint(101, (2, 32))
+    with torch.no_grad():
+        expected = hf_model(idx).logits
+    assert (logits_of(model, idx) - expected).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("arch", [dict(mlp="relu2"), dict(qk_norm=True), dict(pos_emb="rope"),
+                                  dict(LLAMA_SHAPE, norm="layernorm"), dict(tie_embeddings=False)])
+def test_combinations_without_a_transformers_class_are_refused(tmp_path, arch):
+    with pytest.raises(UserError, match="transformers has no model class for"):
+        export(random_model(**arch), None, str(tmp_path / "hf"), "float32", False)
+    assert not os.path.exists(tmp_path / "hf")
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(UserError, match="unknown pretrained model 'gpt3'"):
+        hf.load("gpt3")
+
+
+def test_gpt2_tokenizer_files_encode_and_decode_as_tiktoken(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOGPT_GPT2_TIKTOKEN", gpt2_rank_file())
+    from tokenizer import gpt2_encoding
+    hf.write_tokenizer(None, str(tmp_path))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    text = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n  they'll  x's 123 4567 héllo wörld "
+            "日本語 🙂\t<|endoftext|> tail\r\n")
+    ids = gpt2_encoding().encode(text, allowed_special="all")
+    assert theirs.encode(text) == ids and theirs.decode(ids) == text
+    assert theirs.eos_token_id == 50256
+
+
+def test_character_tokenizer_files_map_each_character_to_its_id(tmp_path):
+    chars = "\n !',.:;?ABCabc"
+    hf.write_tokenizer({"tokenizer": "char", "chars": chars}, str(tmp_path))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    text = "Abc, cab!\n\nB a? C;"
+    assert theirs.encode(text) == [chars.index(c) for c in text]
+    assert theirs.decode(theirs.encode(text)) == text
+
+
+# ---- the ways in, end to end
+
+@pytest.fixture(scope="module")
+def run(char_data, tmp_path_factory):
+    """A finished run of 6 steps."""
+    out = str(tmp_path_factory.mktemp("run") / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=6, eval_interval=6), cwd=os.path.dirname(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def as_nanogpt(ckpt_path: str, dest: str, prefix: str):
+    """Rewrite a checkpoint of ours in nanoGPT's format: its keys only, model_args with dropout, and (from a
+    compiled run) every parameter name prefixed."""
+    ours = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    model_args = {k: ours["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")}
+    torch.save({"model": {prefix + k: v for k, v in ours["model"].items()}, "optimizer": ours["optimizer"],
+                "model_args": {**model_args, "dropout": 0.0}, "iter_num": ours["iter_num"],
+                "best_val_loss": torch.tensor(ours["best_val_loss"]), "config": {"dataset": ours["config"]["dataset"]}},
+               dest)
+
+
+def final_val_loss(out_dir) -> float:
+    return [float(r["val_loss"]) for r in read_metrics(out_dir) if r["val_loss"]][-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefix", ["", "_orig_mod."])
+def test_a_nanogpt_checkpoint_samples_and_starts_a_run(run, char_data, tmp_path, prefix):
+    nano = str(tmp_path / "nano")
+    os.makedirs(nano)
+    as_nanogpt(os.path.join(run, "ckpt.pt"), os.path.join(nano, "ckpt.pt"), prefix)
+    greedy = ["--device=cpu", "--temperature=0", "--num_samples=1", "--max_new_tokens=40", "--start=ROMEO:"]
+    ours = run_script("sample.py", f"--out_dir={run}", *greedy, cwd=str(tmp_path))
+    theirs = run_script("sample.py", f"--out_dir={nano}", *greedy, cwd=str(tmp_path))
+    assert ours.returncode == 0 and theirs.returncode == 0, theirs.stderr
+    assert theirs.stdout == ours.stdout and theirs.stdout.startswith("ROMEO:")
+    # its weights start a new run: evaluated before any step, the loss is the original run's last one
+    evaluated = run_script("train.py", *tiny_args(char_data, str(tmp_path / "eval"), init_from=f"{nano}/ckpt.pt",
+                                                  eval_only=True), cwd=str(tmp_path))
+    assert evaluated.returncode == 0, evaluated.stderr
+    with open(tmp_path / "eval" / "eval.json") as f:
+        assert json.load(f)["val_loss"] == pytest.approx(final_val_loss(run), abs=1e-6)
+    trained = run_script("train.py", *tiny_args(char_data, str(tmp_path / "new"), init_from=f"{nano}/ckpt.pt",
+                                                max_iters=2, eval_interval=2), cwd=str(tmp_path))
+    assert trained.returncode == 0, trained.stderr
+    assert f"optimizer state of {nano}/ckpt.pt taken" in trained.stdout
+    assert sorted(int(r["iter"]) for r in read_metrics(tmp_path / "new") if r["loss"]) == [1, 2]
+
+
+@pytest.mark.slow
+def test_an_exported_folder_is_an_init_from_that_trains(run, char_data, tmp_path):
+    folder = str(tmp_path / "hf")
+    model, vocab = load_trained("resume", os.path.join(run, "ckpt.pt"))
+    export(model, vocab, folder, "float32", False)
+    evaluated = run_script("train.py", *tiny_args(char_data, str(tmp_path / "eval"), init_from=folder, eval_only=True),
+                           cwd=str(tmp_path))
+    assert evaluated.returncode == 0, evaluated.stderr
+    with open(tmp_path / "eval" / "eval.json") as f:
+        assert json.load(f)["val_loss"] == pytest.approx(final_val_loss(run), abs=1e-5)
+    trained = run_script("train.py", *tiny_args(char_data, str(tmp_path / "new"), init_from=folder, max_iters=3,
+                                                eval_interval=3), cwd=str(tmp_path))
+    assert trained.returncode == 0, trained.stderr
+    rows = read_metrics(tmp_path / "new")
+    assert float(rows[0]["val_loss"]) == pytest.approx(final_val_loss(run), abs=1e-5)  # iter 0: the weights came in
+    assert sorted(int(r["iter"]) for r in rows if r["loss"]) == [1, 2, 3]
+
+
+def test_a_file_that_is_no_checkpoint_is_refused(tmp_path):
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "x.pt")
+    with pytest.raises(UserError, match="is not a checkpoint of this trainer or nanoGPT"):
+        load_trained(str(tmp_path / "x.pt"), "")
