@@ -1,6 +1,6 @@
 """
 The ground floor that every script stands on: the user-error type and the scripts' error hook, device and
-dtype resolution, the autocast context, the compile check, peak FLOP/s by GPU, and the one durable atomic
+dtype resolution, the autocast context, joining torchrun's process group, the compile check, peak FLOP/s by GPU, and the one durable atomic
 write that every file of the project goes through. It imports nothing from the project, and torch only
 inside the device helpers: data preparation and its worker processes use this module without loading torch.
 """
@@ -62,6 +62,53 @@ def autocast_context(device_type: str, dtype: str):
     if dtype == "float32":
         return nullcontext()
     return torch.autocast(device_type=device_type, dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
+
+
+# ---- processes
+
+def launcher_ranks(env: dict) -> tuple[int, int, int] | None:
+    """(rank, local_rank, world_size) as torchrun sets them in env, or None when none is set; a UserError when
+    the set is partial or the values do not fit together."""
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    present = [k for k in keys if k in env]
+    if not present:
+        return None
+    missing = [k for k in keys if k not in env]
+    if missing:
+        raise UserError(f"{', '.join(present)} set but not {', '.join(missing)}: launch with torchrun, which sets "
+                        "them all, or unset them for a single process")
+    try:
+        rank, local_rank, world_size = (int(env[k]) for k in keys)
+    except ValueError:
+        raise UserError(f"RANK, LOCAL_RANK and WORLD_SIZE must be integers, not {[env[k] for k in keys]}") from None
+    if not (0 <= rank < world_size and 0 <= local_rank <= rank):
+        raise UserError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} do not fit together: "
+                        "launch with torchrun")
+    return rank, local_rank, world_size
+
+
+def setup_distributed(ranks: tuple[int, int, int] | None, device: str, backend: str,
+                      timeout_s: float = 1800) -> tuple[int, int, int, str]:
+    """Join the process group when launched by torchrun (ranks from launcher_ranks). Returns (rank, local_rank,
+    world_size, device)."""
+    if ranks is None:
+        return 0, 0, 1, device
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    rank, local_rank, world_size = ranks
+    device_type = torch.device(device).type
+    if device_type == "cuda" and local_rank >= torch.cuda.device_count():
+        raise UserError(f"LOCAL_RANK {local_rank} but this node has {torch.cuda.device_count()} GPUs: start at most "
+                        "that many processes per node (--nproc_per_node)")
+    if device_type == "cuda":
+        device = f"cuda:{local_rank}"  # one GPU per process, picked by its rank on this node
+        torch.cuda.set_device(device)
+    if backend == "auto":
+        backend = "nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, local_rank, world_size, device
 
 
 def compile_problem(device: str) -> str | None:

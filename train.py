@@ -29,8 +29,8 @@ import configurator
 from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_resume_shape,
                         check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained, publish_checkpoint,
                         restore_training_state, save_checkpoint, take_optimizer_state, training_state)
-from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook, peak_flops,
-                    resolve_dtype)
+from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook,
+                    launcher_ranks, peak_flops, resolve_dtype, setup_distributed)
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from model import GPT, GPTConfig
 from optimizers import nonfinite_flag, skips_on_device, take_step
@@ -101,48 +101,7 @@ config_defaults = configurator.config_keys(globals())  # taken here, so only the
 
 
 # ---------------------------------------------------------------------------------------------
-# distributed setup
-
-def launcher_ranks(env: dict) -> tuple[int, int, int] | None:
-    """(rank, local_rank, world_size) as torchrun sets them in env, or None when none is set; a UserError when
-    the set is partial or the values do not fit together."""
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
-    present = [k for k in keys if k in env]
-    if not present:
-        return None
-    missing = [k for k in keys if k not in env]
-    if missing:
-        raise UserError(f"{', '.join(present)} set but not {', '.join(missing)}: launch with torchrun, which sets "
-                        "them all, or unset them for a single process")
-    try:
-        rank, local_rank, world_size = (int(env[k]) for k in keys)
-    except ValueError:
-        raise UserError(f"RANK, LOCAL_RANK and WORLD_SIZE must be integers, not {[env[k] for k in keys]}") from None
-    if not (0 <= rank < world_size and 0 <= local_rank <= rank):
-        raise UserError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} do not fit together: "
-                        "launch with torchrun")
-    return rank, local_rank, world_size
-
-
-def setup_distributed(ranks: tuple[int, int, int] | None, device: str, backend: str,
-                      timeout_s: float = 1800) -> tuple[int, int, int, str]:
-    """Join the process group when launched by torchrun (ranks from launcher_ranks). Returns (rank, local_rank,
-    world_size, device)."""
-    if ranks is None:
-        return 0, 0, 1, device
-    rank, local_rank, world_size = ranks
-    device_type = torch.device(device).type
-    if device_type == "cuda" and local_rank >= torch.cuda.device_count():
-        raise UserError(f"LOCAL_RANK {local_rank} but this node has {torch.cuda.device_count()} GPUs: start at most "
-                        "that many processes per node (--nproc_per_node)")
-    if device_type == "cuda":
-        device = f"cuda:{local_rank}"  # one GPU per process, picked by its rank on this node
-        torch.cuda.set_device(device)
-    if backend == "auto":
-        backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
-    return rank, local_rank, world_size, device
-
+# the run's folder
 
 def check_writable(out_dir: str):
     """Make sure out_dir can be created or written, without creating it or touching any file in it."""
