@@ -270,10 +270,11 @@ class GPT(nn.Module):
                 n_params -= self.transformer.wte.weight.numel()
         return n_params
 
-    def forward(self, idx, targets=None, kv_cache: list[dict] | None = None):
+    def forward(self, idx, targets=None, kv_cache: list[dict] | None = None, all_logits: bool = False):
         """Logits and loss of idx (B, T). With targets, the mean cross-entropy over all positions; without,
-        the logits of the last position only. kv_cache (one dict per layer, see generate) continues a
-        sequence: idx then holds the new tokens, placed after the cached ones."""
+        the logits of the last position only, or of every position with all_logits (for scoring). kv_cache
+        (one dict per layer, see generate) continues a sequence: idx then holds the new tokens, placed after
+        the cached ones."""
         B, T = idx.size()
         start = kv_cache[0]["k"].size(2) if kv_cache and kv_cache[0] else 0  # positions already cached
         if start + T > self.config.block_size:
@@ -296,7 +297,8 @@ class GPT(nn.Module):
             logits = self.lm_head(x)  # (B, T, vocab_size)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         else:
-            logits = self.lm_head(x[:, [-1], :])  # generation needs only the last position: (B, 1, vocab_size)
+            # generation needs only the last position: (B, 1, vocab_size)
+            logits = self.lm_head(x if all_logits else x[:, [-1], :])
             loss = None
         return logits, loss
 

@@ -1,0 +1,68 @@
+"""
+HellaSwag accuracy of a trained model or of GPT-2 (see hellaswag.py for how it is scored):
+
+    python eval.py --out_dir=out-gpt2                      # the checkpoint in out_dir
+    python eval.py --init_from=gpt2 --device=cuda          # GPT-2 124M: acc_norm 0.2955
+    torchrun --standalone --nproc_per_node=8 eval.py --init_from=gpt2-xl
+    python eval.py --init_from=gpt2 --hellaswag=path/to/hellaswag_val.jsonl --limit=500
+
+Under torchrun each process scores its share of the items. The result is printed, and written as JSON to
+out_file when one is named.
+"""
+import os
+import sys
+import time
+
+import torch.distributed as dist
+
+import configurator
+from checkpoint import check_init_from, load_trained
+from common import (UserError, autocast_context, check_device, excepthook, launcher_ranks, resolve_dtype,
+                    setup_distributed, write_json)
+from hellaswag import find_data, read_examples, score
+from tokenizer import codec
+
+init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
+out_dir = "out"  # where the checkpoint is, with init_from='resume'
+checkpoint = "ckpt.pt"  # which checkpoint in out_dir: ckpt.pt (latest), best.pt (best val loss) or ckpt_<iter>.pt
+hellaswag = ""  # the validation jsonl; '' uses data/hellaswag/hellaswag_val.jsonl, downloading it there first
+limit = 0  # score only the first this many items; 0: all [limit >= 0]
+out_file = ""  # also write the result here as JSON; '': print only
+device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
+dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
+backend = "auto"  # under torchrun: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'nccl', 'gloo')]
+config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
+
+
+if __name__ == "__main__":
+    sys.excepthook = excepthook
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__)
+    globals().update(config)
+    check_init_from(init_from, ("resume",))
+    device_type = check_device(device)
+    dtype = resolve_dtype(dtype, device_type)
+    if out_file and not os.path.isdir(os.path.dirname(os.path.abspath(out_file))):
+        raise UserError(f"out_file {out_file}: its folder does not exist")
+    examples = read_examples(find_data(hellaswag))[:limit or None]
+    rank, _, world_size, device = setup_distributed(launcher_ranks(os.environ), device, backend)
+    model, vocab = load_trained(init_from, os.path.join(out_dir, checkpoint))
+    model.to(device)
+    encode, _ = codec(vocab)
+    source = os.path.join(out_dir, checkpoint) if init_from == "resume" else init_from
+    t0 = time.time()
+
+    def progress(done: int, total: int, acc_norm: float):
+        if rank == 0:
+            print(f"hellaswag {done:,}/{total:,} items, {time.time() - t0:.0f}s: acc_norm so far {acc_norm:.4f} "
+                  "(rank 0's share)", flush=True)
+
+    result = score(model, examples, encode, device, autocast_context(device_type, dtype), rank, world_size, progress)
+    result = {"model": source, **result, "dtype": dtype}
+    if rank == 0:
+        print(f"hellaswag of {source}: acc {result['acc']:.4f}, acc_norm {result['acc_norm']:.4f} over "
+              f"{result['items']:,} items ({time.time() - t0:.0f}s)")
+        if out_file:
+            write_json(out_file, result)
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()

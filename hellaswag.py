@@ -1,0 +1,115 @@
+"""
+HellaSwag, scored completion-style as llm.c and build-nanogpt score it: each item is a context and four
+endings; the model reads context + ending, and its cross-entropy over the ending's tokens alone picks its
+answer. acc takes the ending with the lowest summed loss, acc_norm the lowest mean loss per token (the
+figure usually quoted: GPT-2 124M 0.2955, GPT-2 XL 0.4893 on the 10,042 validation items).
+
+The data is the official validation jsonl (fields ctx, endings, label), downloaded once into
+data/hellaswag/, or a file the caller names.
+"""
+import json
+import os
+import urllib.request
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+
+from common import UserError, atomic_write
+
+VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+DEFAULT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hellaswag", "hellaswag_val.jsonl")
+
+
+def find_data(path: str) -> str:
+    """The jsonl to score: path when given, else data/hellaswag/'s copy, downloaded there first if need be."""
+    if path:
+        if not os.path.isfile(path):
+            raise UserError(f"HellaSwag file {path} not found: give the path of hellaswag_val.jsonl")
+        return path
+    if not os.path.isfile(DEFAULT_PATH):
+        try:
+            with urllib.request.urlopen(VAL_URL, timeout=60) as response:
+                body = response.read()
+            os.makedirs(os.path.dirname(DEFAULT_PATH), exist_ok=True)
+            with atomic_write(DEFAULT_PATH, "wb") as f:
+                f.write(body)
+        except OSError as e:  # offline, refused, or the folder cannot be written
+            raise UserError(f"HellaSwag's validation set is not at {DEFAULT_PATH} and cannot be downloaded "
+                            f"({e.__class__.__name__}): download {VAL_URL} to that path, or pass "
+                            "--hellaswag=PATH") from e
+    return DEFAULT_PATH
+
+
+def read_examples(path: str) -> list[dict]:
+    """The items of a HellaSwag jsonl, each checked: ctx a string, endings four strings, label 0 to 3."""
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                ok = (isinstance(item["ctx"], str) and isinstance(item["endings"], list) and len(item["endings"]) == 4
+                      and all(isinstance(e, str) for e in item["endings"]) and item["label"] in (0, 1, 2, 3))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                ok = False
+            if not ok:
+                raise UserError(f"{path} line {n} is not a HellaSwag item (ctx: text, endings: 4 texts, label: 0-3)")
+            examples.append({"ctx": item["ctx"], "endings": item["endings"], "label": int(item["label"])})
+    if not examples:
+        raise UserError(f"{path} holds no HellaSwag items")
+    return examples
+
+
+def render(example: dict, encode, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The four rows context + ending as tokens (4, T), zero-padded on the right, and a mask (4, T) that is 1 on
+    the ending's tokens. Endings are encoded with their leading space, as they follow the context in text.
+    Rows longer than block_size + 1 lose context tokens from the left."""
+    context = encode(example["ctx"])
+    endings = [encode(" " + ending) for ending in example["endings"]]
+    width = len(context) + max(len(e) for e in endings)
+    tokens, mask = torch.zeros(4, width, dtype=torch.long), torch.zeros(4, width)
+    for i, ending in enumerate(endings):
+        tokens[i, :len(context) + len(ending)] = torch.tensor(context + ending)
+        mask[i, len(context):len(context) + len(ending)] = 1
+    return tokens[:, -(block_size + 1):], mask[:, -(block_size + 1):]
+
+
+@torch.no_grad()
+def ending_losses(model, tokens: torch.Tensor, mask: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed and mean cross-entropy of each row's ending tokens, (4,) each."""
+    x, y, m = tokens[:, :-1], tokens[:, 1:], mask[:, 1:]  # the loss of token t+1 is read at position t
+    with ctx:
+        logits, _ = model(x, all_logits=True)
+    losses = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+    summed = (losses * m).sum(1)
+    return summed, summed / m.sum(1)
+
+
+@torch.no_grad()
+def score(model, examples: list[dict], encode, device: str, ctx, rank: int = 0, world_size: int = 1,
+          progress=None, progress_every: int = 1000) -> dict:
+    """acc and acc_norm of model on examples. Each rank scores every world_size-th item and the counts are
+    summed across ranks. progress(done, total, acc_norm) is called every progress_every items of this rank."""
+    was_training = model.training
+    model.eval()
+    counts = torch.zeros(3, dtype=torch.long, device=device)  # items, right by summed loss, right by mean loss
+    for i in range(rank, len(examples), world_size):
+        try:
+            tokens, mask = render(examples[i], encode, model.config.block_size)
+        except UserError as e:
+            raise UserError(f"HellaSwag item {i} cannot be encoded with this model's vocabulary ({e}): HellaSwag "
+                            "needs a model with GPT-2's tokenizer") from None
+        summed, mean = ending_losses(model, tokens.to(device), mask.to(device), ctx)
+        label = examples[i]["label"]
+        counts += torch.stack([torch.tensor(1, device=device), summed.argmin() == label, mean.argmin() == label])
+        done = i // world_size + 1
+        if progress is not None and done % progress_every == 0:
+            n, _, right_norm = counts.tolist()
+            progress(done * world_size, len(examples), right_norm / n)
+    if world_size > 1:
+        dist.all_reduce(counts)
+    model.train(was_training)
+    n, right, right_norm = counts.tolist()
+    return {"items": n, "acc": right / n, "acc_norm": right_norm / n}

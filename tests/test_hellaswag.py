@@ -1,0 +1,120 @@
+"""HellaSwag scoring (hellaswag.py, eval.py) against answers worked out by hand for a model whose every
+prediction is known: a unigram model, whose next-character distribution is the same whatever it reads."""
+import json
+import math
+
+import pytest
+import torch
+
+from common import UserError
+from conftest import run_script
+from hellaswag import ending_losses, read_examples, render, score
+from model import GPT, GPTConfig
+from tokenizer import codec
+
+ITEMS = [  # endings of different lengths and letters, so the summed and the mean loss disagree on some items
+    {"ctx": "the cat", "endings": ["sat", "ab", "a", "bbbbbb"], "label": 1},
+    {"ctx": "a dog", "endings": ["aaaaaaaa", "b", "cab", "ba"], "label": 0},
+    {"ctx": "then", "endings": ["cc", "aaaa", "c", "bab"], "label": 3},
+    {"ctx": "so", "endings": ["abc", "aaaaaaaaaa", "cba", "ccc"], "label": 1},
+]
+CHARS = "".join(sorted({c for item in ITEMS for text in (item["ctx"], *item["endings"]) for c in " " + text}))
+LOGITS = {"a": 2.0, "b": 0.5, "c": -1.0, " ": 1.0}  # the unigram's logits; every other character gets 0
+
+
+def unigram_model() -> GPT:
+    """Every weight zero except the final norm's bias and the (tied) embedding's first column: the last hidden
+    state is then e_0 at every position, whatever the input, and the logits are that column."""
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=16, vocab_size=len(CHARS), bias=True))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.transformer.ln_f.bias[0] = 1.0
+        for i, c in enumerate(CHARS):
+            model.transformer.wte.weight[i, 0] = LOGITS.get(c, 0.0)
+    return model.eval()
+
+
+def hand_losses(ending: str) -> tuple[float, float]:
+    """The summed and mean loss of " " + ending under the unigram, from its logits alone."""
+    log_z = math.log(sum(math.exp(LOGITS.get(c, 0.0)) for c in CHARS))
+    losses = [log_z - LOGITS.get(c, 0.0) for c in " " + ending]
+    return sum(losses), sum(losses) / len(losses)
+
+
+def hand_answer() -> dict:
+    right = right_norm = 0
+    for item in ITEMS:
+        summed, mean = zip(*(hand_losses(e) for e in item["endings"]))
+        right += summed.index(min(summed)) == item["label"]
+        right_norm += mean.index(min(mean)) == item["label"]
+    return {"items": len(ITEMS), "acc": right / len(ITEMS), "acc_norm": right_norm / len(ITEMS)}
+
+
+def test_the_hand_answer_tells_the_two_scores_apart():
+    answer = hand_answer()
+    assert answer["acc"] != answer["acc_norm"]  # else a mix-up of sum and mean would pass unseen
+
+
+def test_ending_losses_are_the_hand_computed_ones():
+    model, (encode, _) = unigram_model(), codec({"chars": CHARS})
+    for item in ITEMS:
+        tokens, mask = render(item, encode, 16)
+        summed, mean = ending_losses(model, tokens, mask, torch.autocast("cpu", enabled=False))
+        expected = [hand_losses(e) for e in item["endings"]]
+        assert summed.tolist() == pytest.approx([s for s, _ in expected], abs=1e-5)
+        assert mean.tolist() == pytest.approx([m for _, m in expected], abs=1e-5)
+
+
+def test_score_gives_the_hand_computed_accuracies():
+    encode, _ = codec({"chars": CHARS})
+    result = score(unigram_model(), ITEMS, encode, "cpu", torch.autocast("cpu", enabled=False))
+    assert result == pytest.approx(hand_answer())
+
+
+def test_rows_past_block_size_lose_context_from_the_left():
+    encode, _ = codec({"chars": CHARS})
+    item = {"ctx": "abcabcabcabc", "endings": ["a", "bb", "ccc", "a"], "label": 0}
+    tokens, mask = render(item, encode, 8)
+    assert tokens.shape == mask.shape == (4, 9)
+    assert mask.sum(1).tolist() == [2, 3, 4, 2]  # every ending kept whole, with its space
+    assert tokens[2].tolist() == encode("bcabc ccc")  # the last 5 of 12 context characters, then the ending
+
+
+def write_jsonl(path, items):
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(item) + "\n" for item in items)
+
+
+@pytest.mark.parametrize("line,problem", [('{"ctx": "a", "endings": ["a", "b"], "label": 0}', "endings"),
+                                          ('{"ctx": "a", "endings": ["a", "b", "c", "d"], "label": 4}', "label"),
+                                          ("not json", "json")])
+def test_a_malformed_item_is_one_error_naming_its_line(tmp_path, line, problem):
+    path = tmp_path / "h.jsonl"
+    path.write_text(json.dumps(ITEMS[0]) + "\n" + line + "\n")
+    with pytest.raises(UserError, match=r"h.jsonl line 2 is not a HellaSwag item"):
+        read_examples(str(path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procs", [0, 2])
+def test_eval_py_scores_a_checkpoint_alone_and_under_torchrun(tmp_path, procs):
+    data, ckpt, out = str(tmp_path / "h.jsonl"), str(tmp_path / "unigram.pt"), str(tmp_path / "result.json")
+    write_jsonl(data, ITEMS)
+    model = unigram_model()
+    torch.save({"model": model.state_dict(), "model_args": {k: getattr(model.config, k) for k in
+                ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")},
+                "vocabulary": {"tokenizer": "char", "chars": CHARS}}, ckpt)
+    result = run_script("eval.py", f"--init_from={ckpt}", f"--hellaswag={data}", "--device=cpu", f"--out_file={out}",
+                        cwd=str(tmp_path), torchrun_procs=procs)
+    assert result.returncode == 0, result.stderr
+    with open(out) as f:
+        assert {k: v for k, v in json.load(f).items() if k in ("items", "acc", "acc_norm")} == pytest.approx(hand_answer())
+    assert f"acc_norm {hand_answer()['acc_norm']:.4f} over 4 items" in result.stdout
+
+
+def test_a_missing_hellaswag_file_is_one_error(tmp_path):
+    result = run_script("eval.py", "--init_from=gpt2", f"--hellaswag={tmp_path}/nope.jsonl", "--device=cpu",
+                        cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert result.stderr.strip() == f"error: HellaSwag file {tmp_path}/nope.jsonl not found: give the path of hellaswag_val.jsonl"
