@@ -19,7 +19,7 @@ import configurator
 from checkpoint import check_init_from, load_trained
 from common import (UserError, autocast_context, check_device, excepthook, launcher_ranks, resolve_dtype,
                     setup_distributed, write_json)
-from hellaswag import find_data, read_examples, score
+from hellaswag import check_encodable, find_data, read_examples, score
 from tokenizer import codec
 
 init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
@@ -48,6 +48,7 @@ if __name__ == "__main__":
     model, vocab = load_trained(init_from, os.path.join(out_dir, checkpoint))
     model.to(device)
     encode, _ = codec(vocab)
+    check_encodable(examples, encode)
     source = os.path.join(out_dir, checkpoint) if init_from == "resume" else init_from
     t0 = time.time()
 

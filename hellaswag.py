@@ -76,6 +76,18 @@ def render(example: dict, encode, block_size: int) -> tuple[torch.Tensor, torch.
     return tokens[:, -(block_size + 1):], mask[:, -(block_size + 1):]
 
 
+def check_encodable(examples: list[dict], encode):
+    """A UserError, before any scoring, when the model's vocabulary cannot encode an item (a character model
+    meets characters its dataset lacks)."""
+    for i, example in enumerate(examples):
+        try:
+            for text in (example["ctx"], *example["endings"]):
+                encode(text)
+        except UserError as e:
+            raise UserError(f"HellaSwag item {i} cannot be encoded with this model's vocabulary ({e}): HellaSwag "
+                            "needs a model with GPT-2's tokenizer") from None
+
+
 @torch.no_grad()
 def ending_losses(model, tokens: torch.Tensor, mask: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed and mean cross-entropy of each row's ending tokens, (4,) each."""
@@ -90,17 +102,13 @@ def ending_losses(model, tokens: torch.Tensor, mask: torch.Tensor, ctx) -> tuple
 @torch.no_grad()
 def score(model, examples: list[dict], encode, device: str, ctx, rank: int = 0, world_size: int = 1,
           progress=None, progress_every: int = 1000) -> dict:
-    """acc and acc_norm of model on examples. Each rank scores every world_size-th item and the counts are
+    """acc and acc_norm of model on examples (checked with check_encodable first). Each rank scores every world_size-th item and the counts are
     summed across ranks. progress(done, total, acc_norm) is called every progress_every items of this rank."""
     was_training = model.training
     model.eval()
     counts = torch.zeros(3, dtype=torch.long, device=device)  # items, right by summed loss, right by mean loss
     for i in range(rank, len(examples), world_size):
-        try:
-            tokens, mask = render(examples[i], encode, model.config.block_size)
-        except UserError as e:
-            raise UserError(f"HellaSwag item {i} cannot be encoded with this model's vocabulary ({e}): HellaSwag "
-                            "needs a model with GPT-2's tokenizer") from None
+        tokens, mask = render(examples[i], encode, model.config.block_size)
         summed, mean = ending_losses(model, tokens.to(device), mask.to(device), ctx)
         label = examples[i]["label"]
         counts += torch.stack([torch.tensor(1, device=device), summed.argmin() == label, mean.argmin() == label])

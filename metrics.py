@@ -11,7 +11,8 @@ import os
 
 from common import UserError, atomic_write
 
-COLUMNS = ["iter", "tokens", "loss", "val_loss", "train_eval_loss", "lr", "grad_norm", "dt_ms", "tokens_per_sec", "mfu"]
+COLUMNS = ["iter", "tokens", "loss", "val_loss", "train_eval_loss", "lr", "grad_norm", "dt_ms", "tokens_per_sec", "mfu",
+           "hellaswag"]
 
 
 def metrics_path(out_dir: str) -> str:
@@ -37,6 +38,8 @@ def append_row(out_dir: str, row: dict):
     """Append one row (a subset of COLUMNS; the rest stay blank), writing the header first when the file is
     new, and cutting off a torn last line first when there is one."""
     path = metrics_path(out_dir)
+    if os.path.exists(path) and whole_length(path) and header(path) != COLUMNS:
+        rewrite(path, read_rows(out_dir))  # a file from a version with fewer columns: its rows under today's header
     with open(path, "a", newline="") as f:
         whole = whole_length(path)
         if whole < f.tell():
@@ -45,6 +48,18 @@ def append_row(out_dir: str, row: dict):
         if whole == 0:
             writer.writeheader()
         writer.writerow(row)
+
+
+def header(path: str) -> list[str]:
+    with open(path, newline="") as f:
+        return next(csv.reader(f), [])
+
+
+def rewrite(path: str, rows: list[dict]):
+    with atomic_write(path, newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def read_rows(out_dir: str) -> list[dict]:
@@ -77,7 +92,4 @@ def truncate(out_dir: str, iter_num: int):
     rows = read_rows(out_dir) if iter_num >= 0 and os.path.getsize(path) else []
     kept = [r for r in rows if int(r["iter"]) <= iter_num]
     if iter_num < 0 or len(kept) < len(rows):
-        with atomic_write(path, newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(kept)
+        rewrite(path, kept)

@@ -86,13 +86,17 @@ class Reporter:
     def eval(self, it: int, tokens: int, lr: float, losses: dict):
         if not self.active:
             return
+        hellaswag = losses.get("hellaswag")  # acc_norm, at the evals that score it
         if self.format == "json":
-            print(json.dumps({"iter": it, "train_loss": losses["train"], "val_loss": losses["val"]}), flush=True)
+            print(json.dumps({"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
+                              **({"hellaswag": hellaswag} if hellaswag is not None else {})}), flush=True)
         else:
-            print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                  + (f", hellaswag acc_norm {hellaswag:.4f}" if hellaswag is not None else ""))
         metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "lr": lr, "val_loss": losses["val"],
-                                          "train_eval_loss": losses["train"]})
-        self.wandb.log({"iter": it, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr}, step=it)
+                                          "train_eval_loss": losses["train"], "hellaswag": hellaswag})
+        self.wandb.log({"iter": it, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr,
+                        **({"hellaswag/acc_norm": hellaswag} if hellaswag is not None else {})}, step=it)
 
     def eval_only(self, result: dict):
         """The result of an eval_only run: printed, and written to eval.json, the one file such a run writes."""

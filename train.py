@@ -32,6 +32,7 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
 from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook,
                     launcher_ranks, peak_flops, resolve_dtype, setup_distributed)
 from dataset import eval_key, get_batch, load_dataset, seed_from
+from hellaswag import check_encodable, find_data, read_examples, score
 from model import GPT, GPTConfig
 from optimizers import nonfinite_flag, skips_on_device, take_step
 from report import Reporter
@@ -50,6 +51,9 @@ max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finit
 init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers (GPT-2 or LLaMA), or a checkpoint file (ours or nanoGPT's ckpt.pt) to start a new run from
 overwrite = False  # let init_from='scratch' replace the run in an out_dir that already holds a checkpoint
 seed = 1337  # seeds init, dropout and the batch sampler [0 <= seed < 2**63]
+hellaswag_interval = 0  # every this many evals, also score HellaSwag (acc_norm, into metrics.csv and wandb; see eval.py); 0: never [hellaswag_interval >= 0]
+hellaswag_file = ""  # HellaSwag's validation jsonl; '' uses data/hellaswag/hellaswag_val.jsonl, downloaded there once
+hellaswag_items = 0  # score only the first this many items (10,042 in all); 0: all [hellaswag_items >= 0]
 sample_interval = 0  # every this many evals, rank 0 writes a sample to stdout, out_dir/samples.txt and wandb; 0: never [sample_interval >= 0]
 sample_prompt = "\n"  # the prompt of those samples [sample_prompt != '']
 sample_tokens = 200  # tokens per sample [sample_tokens > 0]
@@ -247,6 +251,10 @@ if __name__ == "__main__":
                  f"vocab_size {data['vocab_size'] or 'unknown'}")
     if checkpoint is not None:
         check_vocabulary(checkpoint, data["vocabulary"], dataset, ckpt_path)
+    hellaswag = None  # (items, encode) when HellaSwag is scored during training
+    if hellaswag_interval:
+        hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], dataset_codec(data["dir"])[0])
+        check_encodable(*hellaswag)
     codec = dataset_codec(data["dir"]) if sample_interval and master_process else None
     if codec is not None:
         codec[0](sample_prompt)  # a prompt the dataset cannot encode fails now, not at the first sample
@@ -399,6 +407,8 @@ if __name__ == "__main__":
             if improved:
                 best_val_loss, best_iter = losses["val"], iter_num
             last_losses, evals_done = losses, evals_done + 1
+            if hellaswag and evals_done % hellaswag_interval == 0:  # the uncompiled model: items vary in length
+                losses["hellaswag"] = score(raw_model, *hellaswag, device, ctx, rank, world_size)["acc_norm"]
             report.eval(iter_num, tokens_seen, lr, losses)
             final = iter_num >= max_iters  # always saved, so a finished run is known as one and resumes as nothing
             if iter_num > 0 and math.isfinite(losses["val"]) and (improved or always_save_checkpoint or final):

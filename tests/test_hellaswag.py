@@ -2,12 +2,13 @@
 prediction is known: a unigram model, whose next-character distribution is the same whatever it reads."""
 import json
 import math
+import os
 
 import pytest
 import torch
 
 from common import UserError
-from conftest import run_script
+from conftest import read_metrics, run_script, tiny_args
 from hellaswag import ending_losses, read_examples, render, score
 from model import GPT, GPTConfig
 from tokenizer import codec
@@ -118,3 +119,40 @@ def test_a_missing_hellaswag_file_is_one_error(tmp_path):
                         cwd=str(tmp_path))
     assert result.returncode != 0
     assert result.stderr.strip() == f"error: HellaSwag file {tmp_path}/nope.jsonl not found: give the path of hellaswag_val.jsonl"
+
+
+SHAKESPEARE_ITEMS = [  # characters that tiny Shakespeare has, so a character model can score them
+    {"ctx": "ROMEO: What, shall this speech be spoke", "endings": ["for our excuse?", "at dawn", "no", "so be it"], "label": 0},
+    {"ctx": "KING RICHARD II: A lunatic lean-witted", "endings": ["fool,", "king of men", "x", "and more"], "label": 0},
+    {"ctx": "First Citizen: We are accounted", "endings": ["poor citizens", "rich", "kings", "zzz"], "label": 0},
+]
+
+
+@pytest.mark.slow
+def test_hellaswag_during_training_is_logged_and_matches_eval_py(char_data, tmp_path):
+    data, out = str(tmp_path / "h.jsonl"), str(tmp_path / "out")
+    write_jsonl(data, SHAKESPEARE_ITEMS)
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=8, eval_interval=4, hellaswag_interval=2,
+                                               hellaswag_file=data), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    scored = {int(r["iter"]): float(r["hellaswag"]) for r in read_metrics(out) if r["hellaswag"]}
+    assert sorted(scored) == [4]  # the 2nd eval of iter 0, 4, 8
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=12, eval_interval=4, hellaswag_interval=1,
+                                               hellaswag_file=data, init_from="resume"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    scored = {int(r["iter"]): float(r["hellaswag"]) for r in read_metrics(out) if r["hellaswag"]}
+    assert sorted(scored) == [4, 12] and f"hellaswag acc_norm {scored[12]:.4f}" in result.stdout
+    evaluated = run_script("eval.py", f"--out_dir={out}", f"--hellaswag={data}", "--device=cpu",
+                           f"--out_file={tmp_path}/e.json", cwd=str(tmp_path))
+    assert evaluated.returncode == 0, evaluated.stderr
+    with open(tmp_path / "e.json") as f:
+        assert json.load(f)["acc_norm"] == pytest.approx(scored[12])  # the checkpoint written at that eval
+
+
+def test_items_a_character_model_cannot_encode_stop_training_before_it_starts(char_data, tmp_path):
+    data = str(tmp_path / "h.jsonl")
+    write_jsonl(data, [dict(SHAKESPEARE_ITEMS[0], ctx="50 €")])
+    result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "out"), hellaswag_interval=1,
+                                               hellaswag_file=data), cwd=str(tmp_path))
+    assert result.returncode != 0 and "error: HellaSwag item 0 cannot be encoded" in result.stderr
+    assert not os.path.exists(tmp_path / "out" / "metrics.csv")

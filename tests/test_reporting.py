@@ -170,3 +170,15 @@ def test_metrics_skip_a_torn_last_row_and_the_next_append_cuts_it_off(tmp_path):
     assert [(r["iter"], r["loss"]) for r in metrics.read_rows(out)] == [("1", "4.25"), ("2", "4.125")]
     with open(metrics.metrics_path(out)) as f:
         assert f.read().count("\n") == 3  # the header and two whole rows, nothing of the torn one
+
+
+def test_a_metrics_file_from_before_a_column_existed_is_rewritten_under_todays_header(tmp_path):
+    import metrics
+    old_columns = metrics.COLUMNS[:-1]  # the file a run wrote before the hellaswag column
+    with open(metrics.metrics_path(str(tmp_path)), "w") as f:
+        f.write(",".join(old_columns) + "\n" + "1,8,4.25" + "," * (len(old_columns) - 3) + "\n")
+    metrics.append_row(str(tmp_path), {"iter": 2, "tokens": 16, "val_loss": 4.0, "hellaswag": 0.25})
+    rows = metrics.read_rows(str(tmp_path))
+    assert [(r["iter"], r["loss"], r["val_loss"], r["hellaswag"]) for r in rows] == [("1", "4.25", "", ""),
+                                                                                     ("2", "", "4.0", "0.25")]
+    assert metrics.header(metrics.metrics_path(str(tmp_path))) == metrics.COLUMNS
