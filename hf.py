@@ -224,9 +224,9 @@ def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 def write_tokenizer(vocab: dict | None, folder: str) -> str:
     """Tokenizer files for a model's vocabulary (as checkpoints keep it; None: GPT-2's BPE) in folder, loadable
     with AutoTokenizer; returns what it wrote, in words."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     tf = transformers_module()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # installed with transformers
+
     chars = (vocab or {}).get("chars")
     if chars is not None:  # one token per character, nothing merged
         tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
