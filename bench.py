@@ -64,7 +64,10 @@ n_kv_head = 0  # [n_kv_head >= 0 and n_head % (n_kv_head or n_head) == 0]
 qk_norm = False
 tie_embeddings = True
 # ---- optimizer, as in train.py
+optimizer = "adamw"  # 'adamw' or 'muon', as in train.py [optimizer in ('adamw', 'muon')]
 learning_rate = 6e-4  # AdamW learning rate [0 < learning_rate < inf]
+muon_lr = 0.02  # Muon's learning rate [0 < muon_lr < inf]
+muon_momentum = 0.95  # [0 <= muon_momentum < 1]
 weight_decay = 1e-1  # decoupled weight decay on matrices [0 <= weight_decay < inf]
 beta1 = 0.9  # AdamW beta1 [0 <= beta1 < 1]
 beta2 = 0.95  # AdamW beta2 [0 <= beta2 < 1]
@@ -95,7 +98,8 @@ config_defaults = configurator.config_keys(globals())  # taken here, so only the
 TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval_iters", "eval_only",
                  "always_save_checkpoint", "keep_last_n", "max_nonfinite_steps", "init_from", "overwrite",
                  "sample_interval", "sample_prompt", "sample_tokens", "wandb_log", "wandb_project", "wandb_run_name",
-                 "max_iters", "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "backend", "ddp_timeout")
+                 "hellaswag_interval", "hellaswag_file", "hellaswag_items", "max_iters", "lr_schedule", "cooldown_frac",
+                 "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "backend", "ddp_timeout")
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias", "dropout", "loss_chunk", "pos_emb", "rope_theta", "norm", "mlp",
               "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")  # settings that go to GPTConfig as they are
 # GPT-2 124M at 12 x 1024 takes minutes per step on a CPU; there, --mode=train's model keys left at their defaults
@@ -247,7 +251,7 @@ def build(cfg: dict) -> dict:
     'device_type'}. The step is train.py's: micro-steps, gradient clipping, the skip verdict, the update."""
     from common import compile_problem
     from dataset import get_batch, load_dataset
-    from optimizers import nonfinite_flag, skips_on_device, take_step
+    from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 
     device = cfg["device"]
     device_type, dtype, ctx, model = model_of(cfg)
@@ -267,8 +271,8 @@ def build(cfg: dict) -> dict:
 
         def batch(i):
             return x, y
-    optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
-                                           device_type)
+    optimizer = build_optimizer(model, cfg["optimizer"], cfg["weight_decay"], cfg["learning_rate"],
+                                (cfg["beta1"], cfg["beta2"]), cfg["muon_lr"], cfg["muon_momentum"], device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
     on_device = not cfg["sync_every_step"] and skips_on_device(optimizer)
     problem = compile_problem(device) if cfg["compile"] else None

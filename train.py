@@ -34,7 +34,7 @@ from common import (FolderLock, UserError, autocast_context, check_device, compi
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from hellaswag import check_encodable, find_data, read_examples, score
 from model import GPT, GPTConfig
-from optimizers import nonfinite_flag, skips_on_device, take_step
+from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 from report import Reporter
 from tokenizer import dataset_codec
 
@@ -81,17 +81,22 @@ n_kv_head = 0  # key/value heads for grouped-query attention; 0: n_head (plain a
 qk_norm = False  # RMS-normalise queries and keys per head before attention
 tie_embeddings = True  # the output projection shares the token embedding matrix (GPT-2); False gives it its own
 loss_chunk = 0  # compute the training loss this many rows of logits at a time, never holding all (B*T, vocab) logits: less memory at GPT-2's vocabulary, one more lm_head matmul; 0: all at once [loss_chunk >= 0]
-# ---- AdamW optimizer
-learning_rate = 6e-4  # peak learning rate [0 < learning_rate < inf]
+# ---- optimizer
+optimizer = "adamw"  # 'adamw', or 'muon': Muon (orthogonalised momentum) for the blocks' matrices, AdamW for embeddings, head, norms and biases [optimizer in ('adamw', 'muon')]
+learning_rate = 6e-4  # peak learning rate (AdamW's) [0 < learning_rate < inf]
+muon_lr = 0.02  # Muon's peak learning rate; the schedule scales it with learning_rate's [0 < muon_lr < inf]
+muon_momentum = 0.95  # Muon's (Nesterov) momentum [0 <= muon_momentum < 1]
 max_iters = 600000  # optimizer steps in the whole run [max_iters > 0]
 weight_decay = 1e-1  # decoupled weight decay on matrices [0 <= weight_decay < inf]
 beta1 = 0.9  # AdamW beta1 [0 <= beta1 < 1]
 beta2 = 0.95  # AdamW beta2 [0 <= beta2 < 1]
 grad_clip = 1.0  # clip the global gradient norm to this; 0 disables clipping [0 <= grad_clip < inf]
 # ---- learning rate schedule
-decay_lr = True  # warm up then decay along a cosine; False keeps learning_rate constant
+lr_schedule = "cosine"  # after warmup: 'cosine' decay to min_lr at lr_decay_iters (nanoGPT's), 'wsd' (warmup, stable, then a linear cooldown over the last cooldown_frac of lr_decay_iters), 'wsd-sqrt' (the same with a 1-sqrt cooldown) or 'constant' [lr_schedule in ('cosine', 'wsd', 'wsd-sqrt', 'constant')]
+cooldown_frac = 0.2  # wsd: the fraction of lr_decay_iters spent cooling down to min_lr [0 < cooldown_frac <= 1]
+decay_lr = True  # False: learning_rate from the first step to the last, no warmup (nanoGPT's switch, kept for its config files)
 warmup_iters = 2000  # linear warmup steps [warmup_iters >= 0]
-lr_decay_iters = 600000  # steps until the cosine reaches min_lr; about max_iters per Chinchilla [lr_decay_iters >= 0]
+lr_decay_iters = 600000  # steps until the schedule reaches min_lr; about max_iters per Chinchilla [lr_decay_iters >= 0]
 min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla [0 <= min_lr and (min_lr <= learning_rate or not decay_lr)]
 # ---- system
 backend = "auto"  # DDP backend: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'nccl', 'gloo')]
@@ -162,15 +167,25 @@ STOP_CHECK_STEPS = 10  # under DDP: steps between the small all-reduce that lets
 # ---------------------------------------------------------------------------------------------
 # learning rate schedule and evaluation
 
-def get_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float) -> float:
-    """Learning rate at step `it`: linear warmup to learning_rate, cosine decay to min_lr at lr_decay_iters,
-    then min_lr."""
+def get_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float,
+           schedule: str = "cosine", cooldown_frac: float = 0.2) -> float:
+    """Learning rate at step `it`: linear warmup to learning_rate, then the schedule (see lr_schedule) down to
+    min_lr at lr_decay_iters, then min_lr. A pure function of the step, so a resumed run continues it exactly."""
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
+    if schedule == "constant":
+        return learning_rate
     if it >= lr_decay_iters:
         return min_lr
-    progress = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (learning_rate - min_lr)
+    if schedule == "cosine":
+        progress = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (learning_rate - min_lr)
+    cooldown_start = max(warmup_iters, lr_decay_iters - round(cooldown_frac * lr_decay_iters))
+    if it < cooldown_start:
+        return learning_rate  # the stable phase
+    progress = (it - cooldown_start) / (lr_decay_iters - cooldown_start)
+    remaining = 1.0 - progress if schedule == "wsd" else 1.0 - math.sqrt(progress)
+    return min_lr + remaining * (learning_rate - min_lr)
 
 
 @torch.no_grad()
@@ -216,6 +231,10 @@ if __name__ == "__main__":
         ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
         checkpoint = load_checkpoint(ckpt_path)
         check_resume_shape(checkpoint["model_args"], config, config_defaults)
+        if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"]:
+            raise UserError(f"checkpoint {ckpt_path} was trained with optimizer={checkpoint['config'].get('optimizer', 'adamw')}, "
+                            f"not {config['optimizer']}: resume with that optimizer, or start a new run from its weights "
+                            f"with --init_from={ckpt_path} in another out_dir")
         config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
         if checkpoint["evaluated"] and checkpoint["iter_num"] >= config["max_iters"] and not config["eval_only"]:
             if master_process:
@@ -295,7 +314,9 @@ if __name__ == "__main__":
 
     # ---- optimizer, and the rest of a resumed run's state
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))  # fp16 needs loss scaling, bf16 not
-    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+    # the setting `optimizer` names the kind; from here on the name holds the optimizer itself
+    optimizer = build_optimizer(model, optimizer, weight_decay, learning_rate, (beta1, beta2), muon_lr, muon_momentum,
+                                device_type)
     wandb_run_id, skip_first_eval = None, False
     if init_from not in ("scratch", "resume") and start_optimizer is not None:
         refused = take_optimizer_state(optimizer, start_optimizer)
@@ -395,9 +416,10 @@ if __name__ == "__main__":
     X, Y = train_batch(iter_num, 0)
     t_log, iters_since_log = time.time(), 0
     while True:
-        lr = get_lr(iter_num, learning_rate, warmup_iters, lr_decay_iters, min_lr) if decay_lr else learning_rate
+        lr = (get_lr(iter_num, learning_rate, warmup_iters, lr_decay_iters, min_lr, lr_schedule, cooldown_frac)
+              if decay_lr else learning_rate)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's groups run at muon_lr / learning_rate of it
 
         # evaluate and checkpoint, unless the checkpoint just resumed was written right after this same eval
         if (iter_num % eval_interval == 0 or iter_num >= max_iters) and not skip_first_eval:

@@ -220,6 +220,8 @@ CASES = [
              os.path.join(tmp, "other", "ckpt.pt"), open(os.path.join(run, "ckpt.pt"), "rb").read()[:5000]))),
     Case("foreign checkpoint", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"lacks \['best_iter', 'best_val_loss', 'config'",
          setup=edit_checkpoint(lambda c: [c.pop(k) for k in list(c) if k not in ("model", "iter_num")])),
+    Case("resume with another optimizer", "train.py", [*RESUME, "--optimizer=muon"],
+         r"was trained with optimizer=adamw, not muon: resume with that optimizer"),
     Case("model_args lacks a key", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"lacks \[\"model_args\['n_head'\]\"\]",
          setup=edit_checkpoint(lambda c: c["model_args"].pop("n_head"))),
     Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],

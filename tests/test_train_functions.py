@@ -29,6 +29,31 @@ def test_get_lr_warmup_peak_decay_and_floor():
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
 
 
+@pytest.mark.parametrize("schedule", ["wsd", "wsd-sqrt"])
+def test_wsd_warms_up_holds_then_cools_down_over_its_fraction(schedule):
+    args = dict(learning_rate=1e-3, warmup_iters=10, lr_decay_iters=110, min_lr=1e-4, schedule=schedule,
+                cooldown_frac=0.2)  # cooldown: the last 22 of 110 steps, from step 88
+    assert get_lr(0, **args) == pytest.approx(1e-3 / 11) and get_lr(9, **args) == pytest.approx(1e-3 * 10 / 11)
+    assert get_lr(10, **args) == get_lr(60, **args) == get_lr(88, **args) == 1e-3  # stable, up to the cooldown's start
+    halfway = {"wsd": 0.5, "wsd-sqrt": 1 - 0.5 ** 0.5}[schedule]
+    assert get_lr(99, **args) == pytest.approx(1e-4 + halfway * 9e-4)
+    assert get_lr(110, **args) == get_lr(10_000, **args) == 1e-4
+    lrs = [get_lr(it, **args) for it in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:])) and lrs[-2] > 1e-4
+
+
+def test_wsd_cooldown_never_starts_inside_the_warmup():
+    args = dict(learning_rate=1e-3, warmup_iters=50, lr_decay_iters=60, min_lr=0.0, schedule="wsd", cooldown_frac=0.5)
+    assert get_lr(49, **args) == pytest.approx(1e-3 * 50 / 51) and get_lr(50, **args) == 1e-3
+    assert get_lr(55, **args) == pytest.approx(0.5e-3)
+
+
+def test_constant_schedule_warms_up_then_holds():
+    args = dict(learning_rate=1e-3, warmup_iters=10, lr_decay_iters=110, min_lr=1e-4, schedule="constant")
+    assert get_lr(0, **args) == pytest.approx(1e-3 / 11)
+    assert get_lr(10, **args) == get_lr(110, **args) == get_lr(10_000, **args) == 1e-3
+
+
 def test_get_batch_targets_are_inputs_shifted_by_one(tmp_path):
     path = write_tokens(tmp_path / "train.bin", 1000)
     x, y = get_batch([(path, 1000)], np.uint16, 8, 32, (1, 0, 0, 0), "cpu")

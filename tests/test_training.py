@@ -37,12 +37,15 @@ def test_short_run_lowers_loss_and_writes_checkpoint_metrics_and_config(char_dat
     assert "error" not in result.stderr
 
 
-def test_resume_continues_with_the_same_losses_as_an_unbroken_run(char_data, tmp_path):
+@pytest.mark.parametrize("settings", [{}, dict(lr_schedule="wsd-sqrt", cooldown_frac=0.5),
+                                      dict(lr_schedule="constant", optimizer="muon")],
+                         ids=["cosine", "wsd-sqrt", "constant-muon"])
+def test_resume_continues_with_the_same_losses_as_an_unbroken_run(char_data, tmp_path, settings):
     straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
-    assert run_script("train.py", *tiny_args(char_data, straight), cwd=str(tmp_path)).returncode == 0
-    first = run_script("train.py", *tiny_args(char_data, broken, max_iters=20), cwd=str(tmp_path))
+    assert run_script("train.py", *tiny_args(char_data, straight, **settings), cwd=str(tmp_path)).returncode == 0
+    first = run_script("train.py", *tiny_args(char_data, broken, max_iters=20, **settings), cwd=str(tmp_path))
     assert first.returncode == 0, first.stderr
-    resumed = run_script("train.py", *tiny_args(char_data, broken, init_from="resume"), cwd=str(tmp_path))
+    resumed = run_script("train.py", *tiny_args(char_data, broken, init_from="resume", **settings), cwd=str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr
     assert "starting at iteration 20" in resumed.stdout
     expected, got = step_losses(read_metrics(straight)), step_losses(read_metrics(broken))
@@ -118,9 +121,10 @@ def test_accumulation_steps_must_divide_among_processes(char_data, tmp_path):
     assert "gradient_accumulation_steps 3 is not divisible by the world size 2" in result.stderr
 
 
-def test_two_process_ddp_matches_one_process(char_data, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_two_process_ddp_matches_one_process(char_data, tmp_path, optimizer):
     single, double = str(tmp_path / "single"), str(tmp_path / "ddp")
-    args = dict(max_iters=20, gradient_accumulation_steps=4)
+    args = dict(max_iters=20, gradient_accumulation_steps=4, optimizer=optimizer)
     one = run_script("train.py", *tiny_args(char_data, single, **args), cwd=str(tmp_path))
     assert one.returncode == 0, one.stderr
     two = run_script("train.py", *tiny_args(char_data, double, backend="gloo", **args), cwd=str(tmp_path),
