@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -24,6 +25,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2 has; False is a bit faster and no worse
     loss_chunk: int = 0  # rows of logits per chunk in the training loss (see ChunkedCrossEntropy); 0: all at once
+    activation_checkpointing: bool = False  # in training, keep only each block's input and recompute the rest in backward
     pos_emb: str = "learned"  # 'learned' (a position table, GPT-2) or 'rope' (rotary, applied to queries and keys)
     rope_theta: float = 10000.0  # RoPE's base: the longest wavelength in positions is about 2*pi*rope_theta
     norm: str = "layernorm"  # 'layernorm' or 'rmsnorm' (no mean, no bias)
@@ -286,8 +288,12 @@ class GPT(nn.Module):
         else:
             rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
         x = self.transformer.drop(x)
+        recompute = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.transformer.h):
-            x = block(x, rope, kv_cache[i] if kv_cache is not None else None)
+            if recompute:  # the RNG state is restored for the recomputation, so dropout masks repeat exactly
+                x = checkpoint(block, x, rope, use_reentrant=False)
+            else:
+                x = block(x, rope, kv_cache[i] if kv_cache is not None else None)
         x = self.transformer.ln_f(x)
         if targets is not None and self.config.loss_chunk > 0:  # the loss without the full logits, which are not returned
             logits = None
@@ -323,17 +329,19 @@ class GPT(nn.Module):
         fused = device_type in ("cuda", "cpu")
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
-    def estimate_mfu(self, tokens_per_iter: int, dt: float, peak: float | None) -> float | None:
-        """Model FLOPs utilisation: achieved FLOP/s over `peak` (None where the peak is unknown).
-        FLOPs per token follow the PaLM paper, appendix B: 6N for the matmuls forward and backward (N from
-        get_num_params, so GQA's narrower keys and values, SwiGLU's third matrix and an untied head count
-        as they are), plus 12 * n_layer * n_embd * T for attention (Q @ K^T and A @ V, forward and
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token, as in the PaLM paper, appendix B: 6N for the matmuls forward and backward
+        (N from get_num_params, so GQA's narrower keys and values, SwiGLU's third matrix and an untied head
+        count as they are), plus 12 * n_layer * n_embd * T for attention (Q @ K^T and A @ V, forward and
         backward, per query head: GQA shares keys and values, not this work)."""
+        cfg = self.config
+        return 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+    def estimate_mfu(self, tokens_per_iter: int, dt: float, peak: float | None) -> float | None:
+        """Model FLOPs utilisation: achieved FLOP/s (flops_per_token) over `peak` (None where it is unknown)."""
         if peak is None:
             return None
-        cfg = self.config
-        flops_per_token = 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-        return flops_per_token * tokens_per_iter / dt / peak
+        return self.flops_per_token() * tokens_per_iter / dt / peak
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

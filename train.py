@@ -33,6 +33,7 @@ from common import (FolderLock, UserError, autocast_context, check_device, compi
                     launcher_ranks, peak_flops, resolve_dtype, setup_distributed)
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from hellaswag import check_encodable, find_data, read_examples, score
+from memory import check_fits, describe, free_bytes, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 from report import Reporter
@@ -44,6 +45,7 @@ eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, a
 log_interval = 1  # print a progress line every this many steps [log_interval > 0]
 log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals only) [log_format in ('text', 'json', 'quiet')]
 eval_iters = 200  # batches per split in each evaluation [eval_iters > 0]
+dry_run = False  # print the memory plan, tokens per step, model size and FLOPs per token, then exit: nothing is trained or written
 eval_only = False  # evaluate a trained model once (resume or gpt2*), write out_dir/eval.json and exit; the run's own files stay as they are
 always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves (the last eval always writes it)
 keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
@@ -80,6 +82,7 @@ mlp_hidden = 0  # MLP width; 0: 4 * n_embd, or for swiglu 8/3 * n_embd rounded u
 n_kv_head = 0  # key/value heads for grouped-query attention; 0: n_head (plain attention) [n_kv_head >= 0 and n_head % (n_kv_head or n_head) == 0]
 qk_norm = False  # RMS-normalise queries and keys per head before attention
 tie_embeddings = True  # the output projection shares the token embedding matrix (GPT-2); False gives it its own
+activation_checkpointing = False  # keep only each block's input in the forward pass and recompute the block in backward: much less activation memory for about a third more compute
 loss_chunk = 0  # compute the training loss this many rows of logits at a time, never holding all (B*T, vocab) logits: less memory at GPT-2's vocabulary, one more lm_head matmul; 0: all at once [loss_chunk >= 0]
 # ---- optimizer
 optimizer = "adamw"  # 'adamw', or 'muon': Muon (orthogonalised momentum) for the blocks' matrices, AdamW for embeddings, head, norms and biases [optimizer in ('adamw', 'muon')]
@@ -222,7 +225,7 @@ if __name__ == "__main__":
     master_process = ranks is None or ranks[0] == 0  # only rank 0 writes files and prints
     if master_process:
         check_writable(config["out_dir"])
-    if master_process and not config["eval_only"]:  # evaluating only reads the run and writes eval.json
+    if master_process and not (config["eval_only"] or config["dry_run"]):  # these two write no run files
         os.makedirs(config["out_dir"], exist_ok=True)
         # taken before the checkpoint is read and held until this process ends: a second run here is refused
         lock = FolderLock(config["out_dir"])
@@ -288,8 +291,9 @@ if __name__ == "__main__":
 
     # ---- model init
     iter_num, tokens_seen, best_val_loss, best_iter = 0, 0, float("inf"), None
-    model_args = dict(vocab_size=data["vocab_size"] or 50304, dropout=dropout, loss_chunk=loss_chunk,  # 50304: GPT-2's
-                      **{k: config[k] for k in (*SHAPE_KEYS, *ARCH_KEYS) if k != "vocab_size"})  # 50257, padded
+    model_args = dict(vocab_size=data["vocab_size"] or 50304,  # 50304: GPT-2's 50257, padded
+                      dropout=dropout, loss_chunk=loss_chunk, activation_checkpointing=activation_checkpointing,
+                      **{k: config[k] for k in (*SHAPE_KEYS, *ARCH_KEYS) if k != "vocab_size"})
     if init_from == "scratch":
         model = GPT(GPTConfig(**model_args))
     elif init_from == "resume":
@@ -298,7 +302,7 @@ if __name__ == "__main__":
     else:  # weights to start from: GPT-2 by name, a transformers folder, or a checkpoint file (ours or nanoGPT's)
         model, start_vocabulary, start_optimizer = load_pretrained(init_from, dropout)
         check_vocabulary({"vocabulary": start_vocabulary}, data["vocabulary"], dataset, init_from)
-        model.config.loss_chunk = loss_chunk
+        model.config.loss_chunk, model.config.activation_checkpointing = loss_chunk, activation_checkpointing
         for k in (*SHAPE_KEYS, *ARCH_KEYS):
             model_args[k] = getattr(model.config, k)
     if block_size < model.config.block_size:
@@ -310,6 +314,21 @@ if __name__ == "__main__":
     if data["max_token_id"] >= model.config.vocab_size:
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
+    # the memory plan: what training will hold per device, checked against what is free before anything is big
+    needs = plan(model, batch_size, dtype, optimizer, ddp, activation_checkpointing, device_type)
+    free = free_bytes(device)
+    report.print(describe(needs, free))
+    if dry_run:
+        report.print(f"dry run: {model.get_num_params(non_embedding=False) / 1e6:.2f}M parameters, "
+                     f"{model.flops_per_token() / 1e9:.3f} GFLOPs per token in training, {tokens_per_iter:,} tokens "
+                     f"per step, {model.flops_per_token() * tokens_per_iter / 1e12:.3f} TFLOPs per step")
+    check_fits(needs, free, model, batch_size, dtype, optimizer, ddp, activation_checkpointing, device_type)
+    if dry_run:
+        report.print("dry run: it fits; nothing trained or written")
+        if ddp:
+            dist.barrier()
+            dist.destroy_process_group()
+        sys.exit(0)
     model.to(device)
 
     # ---- optimizer, and the rest of a resumed run's state
@@ -340,6 +359,10 @@ if __name__ == "__main__":
         print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
     elif compile:
         report.print(f"compiling the model (mode {compile_mode})...")
+        if ddp and activation_checkpointing:
+            # Dynamo's DDP optimizer splits the graph at bucket boundaries and cannot split through checkpointing's
+            # higher-order op: compile one graph instead, so DDP's buckets no longer overlap with backward
+            torch._dynamo.config.optimize_ddp = False
         model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     eval_model = model
     if ddp:

@@ -1,0 +1,139 @@
+"""
+A memory plan before a run: what training will hold on each device, against what the device has free.
+
+Weights, gradients and optimizer state follow from the parameter count. Activations (what autograd keeps
+from the forward pass for the backward) are not estimated by formula: a forward pass of the micro-batch
+runs on the meta device, which computes shapes and nothing else, and the tensors autograd saves are added
+up. Doing that for a 1-block and a 2-block copy of the model gives one block's share and the rest (embeddings,
+final norm, the loss), whatever the architecture. In 16-bit precision the trace is of a model cast to that
+type; autocast keeps a few saved tensors (norm inputs, the loss's log-softmax) in fp32, so the real figure
+there is somewhat higher than planned.
+"""
+import dataclasses
+import os
+from contextlib import nullcontext
+
+import torch
+from torch.nn import functional as F
+
+from common import UserError
+from model import GPT, GPTConfig
+
+GIB = 2 ** 30
+ADAM_STATES = 2  # exp_avg and exp_avg_sq per parameter; Muon keeps one momentum buffer for its matrices
+
+
+class FlashAttentionSaves(torch.autograd.Function):
+    """What a fused attention kernel (flash or memory-efficient, as GPUs and CPUs run it) keeps for backward:
+    q, k, v, the output and the log-sum-exp rows, never the T x T weights."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = q.new_empty(*q.shape[:-1], v.size(-1))
+        ctx.save_for_backward(q, k, v, out, q.new_empty(q.shape[:-1], dtype=torch.float32))
+        return out
+
+
+class FusedAttention(torch.overrides.TorchFunctionMode):
+    """On the meta device attention always takes the math path, which saves the T x T weights; under this mode
+    it saves what the fused kernels of real devices save instead."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention:
+            return FlashAttentionSaves.apply(*args[:3])
+        return func(*args, **(kwargs or {}))
+
+
+def saved_bytes(config: GPTConfig, batch_size: int, dtype: torch.dtype, fused_attention: bool) -> tuple[int, int]:
+    """Bytes of the tensors that autograd saves in one training forward pass of (batch_size, block_size)
+    tokens, traced on the meta device. Parameters and buffers are not counted: they exist anyway.
+    fused_attention: whether the device's attention kernel is a fused one (see FusedAttention). Returns the
+    total and the largest single tensor."""
+    with torch.device("meta"):
+        model = GPT(dataclasses.replace(config, activation_checkpointing=False)).to(dtype)
+    model.train()
+    own = {id(t) for t in (*model.parameters(), *model.buffers())}
+    kept = {}  # id -> tensor, held so that ids stay unique; views are counted once, through their base
+
+    def pack(t):
+        base = t if t._base is None else t._base
+        if id(base) not in own and id(t) not in own:
+            kept[id(base)] = base
+        return t
+
+    idx = torch.zeros((batch_size, config.block_size), dtype=torch.long, device="meta")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FusedAttention() if fused_attention else nullcontext():
+        model(idx, idx)
+    sizes = [t.numel() * t.element_size() for t in kept.values()]
+    return sum(sizes), max(sizes)
+
+
+def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, ddp: bool, activation_checkpointing: bool,
+         device_type: str) -> dict:
+    """Bytes per device: weights, gradients, DDP's gradient buckets, optimizer state and activations of one
+    micro-batch (with checkpointing: each block's input, plus one block's full activations while it is
+    recomputed), and their total. Weights, gradients and optimizer state are fp32 whatever dtype is: autocast
+    computes in 16 bits from fp32 weights."""
+    config = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    fp = getattr(torch, dtype)
+    fused = device_type == "cuda" or config.dropout == 0  # the CPU's fused kernel has no dropout: math path
+    (one, largest), (two, _) = (saved_bytes(dataclasses.replace(config, n_layer=n), batch_size, fp, fused)
+                                for n in (1, 2))
+    per_block, rest = two - one, 2 * one - two
+    # backward holds gradients beside the activations it frees: about the largest activation's worth at a
+    # time, twice that while a checkpointed block is recomputed (measured within 10% on a CPU, tests/test_memory.py)
+    if activation_checkpointing:
+        block_input = batch_size * config.block_size * config.n_embd * 4  # the residual stream stays fp32
+        activations = rest + config.n_layer * block_input + per_block + 2 * largest
+    else:
+        activations = rest + config.n_layer * per_block + largest
+    if optimizer == "muon":
+        matrices = sum(p.numel() for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2)
+        state = 4 * (matrices + ADAM_STATES * (n_params - matrices))
+    else:
+        state = 4 * ADAM_STATES * n_params
+    parts = {"weights": 4 * n_params, "gradients": 4 * n_params, "ddp_buckets": 4 * n_params if ddp else 0,
+             "optimizer": state, "activations": activations}
+    return {**parts, "total": sum(parts.values())}
+
+
+def free_bytes(device: str) -> int | None:
+    """Memory free for this process on device: the GPU's free memory, or the host's available memory (Linux);
+    None where it cannot be known."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    if torch.device(device).type == "cpu" and os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    return None
+
+
+def breakdown(parts: dict) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v / GIB:.2f}" for k, v in parts.items() if k != "total" and v) + " GiB"
+
+
+def describe(parts: dict, free: int | None) -> str:
+    room = f" of {free / GIB:.2f} GiB free" if free is not None else ""
+    return f"memory plan per device: {parts['total'] / GIB:.2f} GiB{room} ({breakdown(parts)})"
+
+
+def check_fits(parts: dict, free: int | None, model: GPT, batch_size: int, dtype: str, optimizer: str, ddp: bool,
+               activation_checkpointing: bool, device_type: str):
+    """A UserError naming the changes that would fit when the plan is more than the free memory."""
+    if free is None or parts["total"] <= free:
+        return
+    fixes = []
+    smaller = batch_size // 2
+    while smaller >= 1:
+        if plan(model, smaller, dtype, optimizer, ddp, activation_checkpointing, device_type)["total"] <= free:
+            fixes.append(f"--batch_size={smaller} with gradient_accumulation_steps raised "
+                         f"{batch_size // smaller}x (the same tokens per step)")
+            break
+        smaller //= 2
+    if not activation_checkpointing and plan(model, batch_size, dtype, optimizer, ddp, True, device_type)["total"] <= free:
+        fixes.append("--activation_checkpointing=True")
+    hint = "; ".join(fixes) if fixes else "a smaller model, or more devices"
+    raise UserError(f"this run needs about {parts['total'] / GIB:.2f} GiB per device but {free / GIB:.2f} GiB is "
+                    f"free ({breakdown(parts)}): it would run out of memory. What fits: {hint}")

@@ -1,0 +1,128 @@
+"""The memory plan (memory.py) against what training really holds, activation checkpointing, and --dry_run."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, run_script, tiny_args
+from memory import plan
+from model import GPT, GPTConfig
+
+GPT2 = dict()
+LLAMA = dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2)
+SHAPE = dict(n_layer=6, n_head=4, n_embd=256, block_size=512, vocab_size=65)  # activations dominate: 16 x 512 tokens
+
+
+def really_saved(model, idx) -> int:
+    """Bytes of the distinct storages autograd keeps from one forward pass on the CPU, parameters left out."""
+    own = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in own:
+            kept[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(idx, idx)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("arch", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_the_traced_activations_are_what_autograd_saves_on_a_cpu(arch):
+    model = GPT(GPTConfig(**SHAPE, **arch)).train()
+    planned = plan(model, 16, "float32", "adamw", False, False, "cpu")
+    # the plan's activations also hold backward's gradients (about one more of the largest activation)
+    real = really_saved(model, torch.randint(65, (16, 512)))
+    assert 0.95 < planned["activations"] / real < 1.15
+
+
+MEASURE = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from model import GPT, GPTConfig
+from memory import plan
+def status(key):  # kB figures of this address space: VmRSS now, VmHWM its peak (ru_maxrss would carry the parent's over exec)
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
+torch.set_num_threads(2)
+x = torch.randint(65, (16, 512))
+base = status("VmRSS")
+model = GPT(GPTConfig(**{config!r}))
+optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+for _ in range(2):  # the second step runs with the optimizer state in place
+    _, loss = model(x, x)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+peak = status("VmHWM") - base
+print(plan(model, 16, "float32", "adamw", False, model.config.activation_checkpointing, "cpu")["total"] / peak)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the process's memory from Linux's /proc")
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("arch", [dict(GPT2, dropout=0.1), LLAMA], ids=["gpt2-dropout", "llama"])
+def test_the_plan_is_within_20_percent_of_the_measured_peak(arch, checkpointing):
+    config = dict(SHAPE, **arch, activation_checkpointing=checkpointing)
+    # glibc keeps freed blocks below its mmap threshold mapped; a low threshold makes the peak RSS the peak of
+    # live memory, which is what the plan is of
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", MEASURE.format(root=ROOT, config=config)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert 0.8 < float(out.stdout) < 1.2
+
+
+def test_activation_checkpointing_gives_the_same_losses_and_gradients_and_saves_less():
+    idx = torch.randint(65, (8, 64))
+    models = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        models.append(GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=64, vocab_size=65, dropout=0.1,
+                                    activation_checkpointing=checkpointing)).train())
+    losses = []
+    for model in models:
+        torch.manual_seed(1)  # the same dropout masks: checkpointing replays the RNG for its recomputation
+        _, loss = model(idx, idx)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7, msg=name)
+    saved = [really_saved(model, idx) for model in models]
+    assert saved[1] < saved[0] / 3
+
+
+@pytest.mark.slow
+def test_checkpointed_training_runs_the_same_steps(char_data, tmp_path):
+    runs = {}
+    for checkpointing in (False, True):
+        out = str(tmp_path / f"ac{checkpointing}")
+        result = run_script("train.py", *tiny_args(char_data, out, max_iters=6, dropout=0.1,
+                                                   activation_checkpointing=checkpointing), cwd=str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        runs[checkpointing] = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    assert runs[False] == runs[True]  # the eval lines, to 4 decimals
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, dry_run=True), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "memory plan per device:" in result.stdout and "GFLOPs per token" in result.stdout
+    assert "tokens per step" in result.stdout and "nothing trained or written" in result.stdout
+    assert not os.path.exists(out)
+
+
+def test_a_run_that_cannot_fit_stops_before_it_starts_and_says_what_would_fit(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    # GPT-2 124M at 1024 sequences of 1024 tokens: about 0.6 TB of activations, more than any test machine has
+    result = run_script("train.py", *tiny_args(char_data, out, n_layer=12, n_head=12, n_embd=768, block_size=1024,
+                                               batch_size=1024, gradient_accumulation_steps=1), cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert "error: this run needs about" in result.stderr and "What fits: --batch_size=" in result.stderr
+    assert not os.path.exists(os.path.join(out, "metrics.csv"))
