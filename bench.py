@@ -55,6 +55,7 @@ vocab_size = 0  # 0: the dataset's vocabulary where its meta.json or meta.pkl sa
 bias = False  # biases in Linear and LayerNorm layers
 dropout = 0.0  # dropout rate [0 <= dropout < 1]
 loss_chunk = 0  # as in train.py: rows of logits per chunk of the training loss; 0 computes them all at once [loss_chunk >= 0]
+activation_checkpointing = False  # as in train.py: recompute each block in backward instead of keeping its activations
 pos_emb = "learned"  # the architecture, as in train.py (see its --help) [pos_emb == 'learned' or (pos_emb == 'rope' and n_embd // n_head % 2 == 0)]
 rope_theta = 10000.0  # [rope_theta > 0]
 norm = "layernorm"  # [norm in ('layernorm', 'rmsnorm')]
@@ -95,13 +96,13 @@ config_defaults = configurator.config_keys(globals())  # taken here, so only the
 
 # train.py settings that do not change what a step costs: a training config file may set them, and bench
 # ignores them (tests/test_training.py checks that every train.py setting is here or a bench setting)
-TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval_iters", "eval_only",
+TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval_iters", "eval_only", "dry_run",
                  "always_save_checkpoint", "keep_last_n", "max_nonfinite_steps", "init_from", "overwrite",
                  "sample_interval", "sample_prompt", "sample_tokens", "wandb_log", "wandb_project", "wandb_run_name",
                  "hellaswag_interval", "hellaswag_file", "hellaswag_items", "max_iters", "lr_schedule", "cooldown_frac",
                  "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "backend", "ddp_timeout")
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias", "dropout", "loss_chunk", "pos_emb", "rope_theta", "norm", "mlp",
-              "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")  # settings that go to GPTConfig as they are
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias", "dropout", "loss_chunk", "activation_checkpointing", "pos_emb",
+              "rope_theta", "norm", "mlp", "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")  # settings that go to GPTConfig as they are
 # GPT-2 124M at 12 x 1024 takes minutes per step on a CPU; there, --mode=train's model keys left at their defaults
 # take these
 CPU_MODEL = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
