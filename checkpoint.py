@@ -14,6 +14,7 @@ from common import UserError, atomic_write, replace_durably
 import hf
 from dataset import find_dataset, vocabulary
 from model import GPT, GPTConfig
+from sharding import load_optimizer_state, load_state
 
 
 def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
@@ -176,7 +177,7 @@ def take_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> str |
     if any(key in saved and saved[key].get("exp_avg", p).shape != p.shape for key, p in enumerate(params)):
         return "its moments have other shapes"
     settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    optimizer.load_state_dict(state)
+    load_optimizer_state(optimizer, state)
     for group, own in zip(optimizer.param_groups, settings):  # the moments are taken, this run's settings kept
         group.update(own)
     return None
@@ -193,15 +194,16 @@ def check_resume_shape(checkpoint_args: dict, config: dict, defaults: dict):
                         "or use a new out_dir")
 
 
-def load_model_state(model: torch.nn.Module, state: dict, path: str):
-    """load_state_dict, with a UserError naming the keys that are missing, unexpected or of another shape."""
+def load_model_state(model: torch.nn.Module, state: dict, path: str, optimizer=None, optimizer_state: dict | None = None):
+    """load_state_dict (and the optimizer's, when given), sharded as the model is (see sharding.py), with a
+    UserError naming the keys that are missing, unexpected or of another shape."""
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     reshaped = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
     if missing or unexpected or reshaped:
         raise UserError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected "
                         f"{unexpected[:5]}, other shape {reshaped[:5]}")
-    model.load_state_dict(state)
+    load_state(model, optimizer, state, optimizer_state)
 
 
 def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n: int):
@@ -230,13 +232,14 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
             os.remove(os.path.join(out_dir, old))
 
 
-def training_state(model: torch.nn.Module, optimizer, scaler, model_args: dict, config: dict, progress: dict,
+def training_state(model_state: dict, optimizer_state: dict, scaler, model_args: dict, config: dict, progress: dict,
                    rng_states: list[dict], wandb_run_id: str | None, evaluated: bool, vocabulary: dict) -> dict:
     """The whole state of a run, as save_checkpoint writes it and restore_training_state puts it back: the
-    unwrapped model's weights (no _orig_mod. or module. prefixes), optimizer and scaler state, the model's
-    shape, the config, progress (PROGRESS_KEYS), every rank's RNG streams, the wandb run id, whether
-    the step was evaluated before the save, and the dataset's vocabulary (see check_vocabulary)."""
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+    unwrapped model's weights (no _orig_mod. or module. prefixes) and the optimizer's state, both whole
+    (sharding.full_state), the scaler's state, the model's shape, the config, progress (PROGRESS_KEYS), every
+    rank's RNG streams, the wandb run id, whether the step was evaluated before the save, and the dataset's
+    vocabulary (see check_vocabulary)."""
+    return {"model": model_state, "optimizer": optimizer_state, "scaler": scaler.state_dict(),
             "model_args": model_args, "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id,
             "evaluated": evaluated, "vocabulary": vocabulary, **{k: progress[k] for k in PROGRESS_KEYS}}
 
@@ -246,8 +249,7 @@ def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, 
     """Put a checkpoint's weights, optimizer and scaler state back, and this rank's RNG streams when the world
     size is the one that saved them. Returns the progress (PROGRESS_KEYS), wandb_run_id, evaluated, and
     rng_restored (False under another world size: the caller seeds fresh streams)."""
-    load_model_state(model, checkpoint["model"], path)
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    load_model_state(model, checkpoint["model"], path, optimizer, checkpoint["optimizer"])
     scaler.load_state_dict(checkpoint["scaler"])
     rng_restored = len(checkpoint["rng_states"]) == world_size
     if rng_restored:  # each rank continues its own dropout stream

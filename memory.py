@@ -68,12 +68,13 @@ def saved_bytes(config: GPTConfig, batch_size: int, dtype: torch.dtype, fused_at
     return sum(sizes), max(sizes)
 
 
-def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, ddp: bool, activation_checkpointing: bool,
-         device_type: str) -> dict:
+def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: int, parallelism: str,
+         activation_checkpointing: bool, device_type: str) -> dict:
     """Bytes per device: weights, gradients, DDP's gradient buckets, optimizer state and activations of one
     micro-batch (with checkpointing: each block's input, plus one block's full activations while it is
     recomputed), and their total. Weights, gradients and optimizer state are fp32 whatever dtype is: autocast
-    computes in 16 bits from fp32 weights."""
+    computes in 16 bits from fp32 weights. Under FSDP each process holds 1/world_size of those three, plus
+    the gathered weights of the block that runs and the next one."""
     config = model.config
     n_params = sum(p.numel() for p in model.parameters())
     fp = getattr(torch, dtype)
@@ -93,8 +94,14 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, ddp: bool, act
         state = 4 * (matrices + ADAM_STATES * (n_params - matrices))
     else:
         state = 4 * ADAM_STATES * n_params
-    parts = {"weights": 4 * n_params, "gradients": 4 * n_params, "ddp_buckets": 4 * n_params if ddp else 0,
-             "optimizer": state, "activations": activations}
+    if world_size > 1 and parallelism == "fsdp":
+        block = sum(p.numel() for p in model.transformer.h[0].parameters())
+        parts = {"weights": 4 * n_params // world_size, "gradients": 4 * n_params // world_size,
+                 "gathered_blocks": 2 * block * fp.itemsize, "optimizer": state // world_size}
+    else:
+        parts = {"weights": 4 * n_params, "gradients": 4 * n_params,
+                 "ddp_buckets": 4 * n_params if world_size > 1 else 0, "optimizer": state}
+    parts["activations"] = activations
     return {**parts, "total": sum(parts.values())}
 
 
@@ -119,21 +126,27 @@ def describe(parts: dict, free: int | None) -> str:
     return f"memory plan per device: {parts['total'] / GIB:.2f} GiB{room} ({breakdown(parts)})"
 
 
-def check_fits(parts: dict, free: int | None, model: GPT, batch_size: int, dtype: str, optimizer: str, ddp: bool,
-               activation_checkpointing: bool, device_type: str):
+def check_fits(parts: dict, free: int | None, model: GPT, batch_size: int, dtype: str, optimizer: str,
+               world_size: int, parallelism: str, activation_checkpointing: bool, device_type: str):
     """A UserError naming the changes that would fit when the plan is more than the free memory."""
     if free is None or parts["total"] <= free:
         return
+    fits = lambda **change: plan(**{**dict(model=model, batch_size=batch_size, dtype=dtype, optimizer=optimizer,
+                                           world_size=world_size, parallelism=parallelism,
+                                           activation_checkpointing=activation_checkpointing,
+                                           device_type=device_type), **change})["total"] <= free
     fixes = []
     smaller = batch_size // 2
     while smaller >= 1:
-        if plan(model, smaller, dtype, optimizer, ddp, activation_checkpointing, device_type)["total"] <= free:
+        if fits(batch_size=smaller):
             fixes.append(f"--batch_size={smaller} with gradient_accumulation_steps raised "
                          f"{batch_size // smaller}x (the same tokens per step)")
             break
         smaller //= 2
-    if not activation_checkpointing and plan(model, batch_size, dtype, optimizer, ddp, True, device_type)["total"] <= free:
+    if not activation_checkpointing and fits(activation_checkpointing=True):
         fixes.append("--activation_checkpointing=True")
+    if world_size > 1 and parallelism == "ddp" and fits(parallelism="fsdp"):
+        fixes.append("--parallelism=fsdp")
     hint = "; ".join(fixes) if fixes else "a smaller model, or more devices"
     raise UserError(f"this run needs about {parts['total'] / GIB:.2f} GiB per device but {free / GIB:.2f} GiB is "
                     f"free ({breakdown(parts)}): it would run out of memory. What fits: {hint}")

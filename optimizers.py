@@ -9,6 +9,7 @@ weights, moments and step count as they were, exactly as a skipped step does.
 """
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 def nonfinite_flag(loss_sum: torch.Tensor, grad_norm: torch.Tensor, loss_scaling: bool, ddp: bool) -> torch.Tensor:
@@ -73,8 +74,9 @@ class Muon(torch.optim.Optimizer):
     rest (embeddings, an untied head, norms, biases), as modded-nanogpt and nanochat split them. A group with
     muon=True takes Muon's update, scaled by sqrt(max(1, rows/cols)) so that every matrix moves by a similar
     RMS; the others take AdamW's. Both decay weights decoupled (p *= 1 - lr * weight_decay). One optimizer,
-    so its state_dict is the checkpoint's, and under DDP every rank computes the same update from the same
-    averaged gradient."""
+    so its state_dict is the checkpoint's. Under DDP every rank computes the same update from the same
+    averaged gradient; under FSDP every rank gathers each matrix's update, orthogonalises it whole and keeps
+    its own rows."""
 
     def __init__(self, param_groups: list[dict], lr: float, momentum: float = 0.95, betas=(0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0):
@@ -96,8 +98,13 @@ class Muon(torch.optim.Optimizer):
                     buf = state["momentum_buffer"]
                     buf.lerp_(p.grad, 1 - group["momentum"])
                     update = p.grad.lerp(buf, group["momentum"])  # Nesterov: look one momentum step ahead
+                    if isinstance(update, DTensor):  # FSDP: every rank orthogonalises the whole matrix, keeps its shard
+                        update = distribute_tensor(orthogonalize(update.full_tensor()), update.device_mesh,
+                                                   update.placements, src_data_rank=None)
+                    else:
+                        update = orthogonalize(update)
                     scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
-                    p.add_(orthogonalize(update), alpha=-group["lr"] * scale)
+                    p.add_(update, alpha=-group["lr"] * scale)
                 else:
                     if not state:
                         state["step"] = torch.zeros((), dtype=torch.float32)

@@ -37,6 +37,7 @@ from memory import check_fits, describe, free_bytes, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 from report import Reporter
+from sharding import full, full_state, shard
 from tokenizer import dataset_codec
 
 # ---- I/O
@@ -102,6 +103,7 @@ warmup_iters = 2000  # linear warmup steps [warmup_iters >= 0]
 lr_decay_iters = 600000  # steps until the schedule reaches min_lr; about max_iters per Chinchilla [lr_decay_iters >= 0]
 min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla [0 <= min_lr and (min_lr <= learning_rate or not decay_lr)]
 # ---- system
+parallelism = "ddp"  # with several processes: 'ddp' (each holds the whole model and optimizer) or 'fsdp' (FSDP2: each holds 1/world_size of the weights, gradients and optimizer state; a block's weights are gathered as it runs) [parallelism in ('ddp', 'fsdp')]
 backend = "auto"  # DDP backend: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'nccl', 'gloo')]
 ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails [ddp_timeout > 0]
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
@@ -254,8 +256,16 @@ if __name__ == "__main__":
         raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
                         f"world size {ranks[2]}: make it a multiple of the number of processes")
     rank, local_rank, world_size, device = setup_distributed(ranks, device, backend, ddp_timeout)
-    ddp = world_size > 1
+    ddp = world_size > 1  # several processes, whichever the parallelism
+    fsdp = ddp and parallelism == "fsdp"
     report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
+    if fsdp:  # every rank runs every forward pass under FSDP (each gathers weights from all): no rank may do fewer
+        if eval_iters % world_size:
+            raise UserError(f"eval_iters {eval_iters} is not divisible by the world size {world_size}: under FSDP every "
+                            "process evaluates the same number of batches; make it a multiple")
+        if sample_interval or hellaswag_interval:
+            raise UserError("sample_interval and hellaswag_interval are not available with parallelism='fsdp' yet: "
+                            "set them to 0, and sample or evaluate the checkpoint with sample.py or eval.py")
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     report.print(f"world size {world_size}, device {device}, dtype {dtype}; tokens per iteration {tokens_per_iter:,} "
@@ -315,14 +325,15 @@ if __name__ == "__main__":
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     # the memory plan: what training will hold per device, checked against what is free before anything is big
-    needs = plan(model, batch_size, dtype, optimizer, ddp, activation_checkpointing, device_type)
+    needs = plan(model, batch_size, dtype, optimizer, world_size, parallelism, activation_checkpointing, device_type)
     free = free_bytes(device)
     report.print(describe(needs, free))
     if dry_run:
         report.print(f"dry run: {model.get_num_params(non_embedding=False) / 1e6:.2f}M parameters, "
                      f"{model.flops_per_token() / 1e9:.3f} GFLOPs per token in training, {tokens_per_iter:,} tokens "
                      f"per step, {model.flops_per_token() * tokens_per_iter / 1e12:.3f} TFLOPs per step")
-    check_fits(needs, free, model, batch_size, dtype, optimizer, ddp, activation_checkpointing, device_type)
+    check_fits(needs, free, model, batch_size, dtype, optimizer, world_size, parallelism, activation_checkpointing,
+               device_type)
     if dry_run:
         report.print("dry run: it fits; nothing trained or written")
         if ddp:
@@ -330,6 +341,8 @@ if __name__ == "__main__":
             dist.destroy_process_group()
         sys.exit(0)
     model.to(device)
+    if fsdp:
+        shard(model, dtype)  # before the optimizer is made: it must hold the shards
 
     # ---- optimizer, and the rest of a resumed run's state
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))  # fp16 needs loss scaling, bf16 not
@@ -365,7 +378,7 @@ if __name__ == "__main__":
             torch._dynamo.config.optimize_ddp = False
         model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     eval_model = model
-    if ddp:
+    if ddp and not fsdp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
     def write_sample(it: int):
@@ -383,11 +396,12 @@ if __name__ == "__main__":
         """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it; when
         rank 0 cannot save, every rank stops with its message."""
         rng_states = gather_rng_states(device_type, world_size)
+        model_state, optimizer_state = full_state(raw_model, optimizer)  # gathered from every rank under FSDP
         failure = None
         if master_process:
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
             try:
-                save_checkpoint(training_state(raw_model, optimizer, scaler, model_args, config, progress, rng_states,
+                save_checkpoint(training_state(model_state, optimizer_state, scaler, model_args, config, progress, rng_states,
                                                wandb_run_id, evaluated, data["vocabulary"]), os.path.join(out_dir, "ckpt.pt"))
                 publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
                 report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
@@ -469,7 +483,10 @@ if __name__ == "__main__":
         loss_sum = torch.zeros((), device=device)
         for micro_step in range(accum_steps):
             sync = not ddp or micro_step == accum_steps - 1
-            with ctx, (nullcontext() if sync else model.no_sync()):
+            if fsdp:  # reduce-scatter the gradients on the last micro-step only, and keep the gathered weights till then
+                raw_model.set_requires_gradient_sync(sync)
+                raw_model.set_reshard_after_backward(sync)
+            with ctx, (nullcontext() if sync or fsdp else model.no_sync()):
                 _, loss = model(X, Y)
                 loss = loss / accum_steps  # the gradient of the mean over micro-steps
             next_step, next_micro = (iter_num, micro_step + 1) if micro_step + 1 < accum_steps else (iter_num + 1, 0)
@@ -477,7 +494,7 @@ if __name__ == "__main__":
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+        grad_norm = full(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf")))
         skip = nonfinite_flag(loss_sum, grad_norm, scaler.is_enabled(), ddp)
         take_step(optimizer, scaler, skip, on_device=skip_on_device)
         skipped_steps += skip  # these three stay on the device until the next check

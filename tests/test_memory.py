@@ -34,7 +34,7 @@ def really_saved(model, idx) -> int:
 @pytest.mark.parametrize("arch", [GPT2, LLAMA], ids=["gpt2", "llama"])
 def test_the_traced_activations_are_what_autograd_saves_on_a_cpu(arch):
     model = GPT(GPTConfig(**SHAPE, **arch)).train()
-    planned = plan(model, 16, "float32", "adamw", False, False, "cpu")
+    planned = plan(model, 16, "float32", "adamw", 1, "ddp", False, "cpu")
     # the plan's activations also hold backward's gradients (about one more of the largest activation)
     real = really_saved(model, torch.randint(65, (16, 512)))
     assert 0.95 < planned["activations"] / real < 1.15
@@ -58,7 +58,7 @@ for _ in range(2):  # the second step runs with the optimizer state in place
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 peak = status("VmHWM") - base
-print(plan(model, 16, "float32", "adamw", False, model.config.activation_checkpointing, "cpu")["total"] / peak)
+print(plan(model, 16, "float32", "adamw", 1, "ddp", model.config.activation_checkpointing, "cpu")["total"] / peak)
 """
 
 
