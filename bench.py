@@ -299,7 +299,7 @@ def build(cfg: dict) -> dict:
 
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
           f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}")
-    return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type}
+    return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype}
 
 
 def bench_generate(cfg: dict):
@@ -426,6 +426,10 @@ if __name__ == "__main__":
     else:
         dt, loss = time_steps(run, warmup_steps, num_steps)
         mfu_text = "" if peak_flops(device) else " (MFU: peak FLOP/s unknown for this device)"
-        memory_text = (f", peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
-                       if run["device_type"] == "cuda" else "")
+        memory_text = ""
+        if run["device_type"] == "cuda":  # beside memory.py's plan for the same step, which train.py checks runs against
+            from memory import plan
+            planned = plan(run["model"], batch_size, run["dtype"], optimizer, 1, "ddp", activation_checkpointing, "cuda")
+            memory_text = (f", peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB (planned "
+                           f"{planned['total'] / 2**30:.2f} GiB)")
         print(f"{figures(run, dt, device)}{mfu_text}{memory_text}; final loss {loss.item():.4f}")

@@ -173,6 +173,8 @@ FASTPATHS = [
     ("compile vs eager, GPT-2 124M batch 12", ["--compile=False"], "--compile=True"),
     ("compile max-autotune vs default", [], "--compile_mode=max-autotune"),
     ("compile reduce-overhead (CUDA graphs) vs default", [], "--compile_mode=reduce-overhead"),
+    ("activation checkpointing vs off (its cost)", [], "--activation_checkpointing=True"),
+    ("Muon vs AdamW (the optimizer step's cost)", [], "--optimizer=muon"),
 ]
 
 
