@@ -89,6 +89,8 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
         activations = rest + config.n_layer * block_input + per_block + 2 * largest
     else:
         activations = rest + config.n_layer * per_block + largest
+    if config.loss_chunk:  # the chunked loss's logits exist a chunk at a time, with their gradient in backward
+        activations += 2 * min(config.loss_chunk, batch_size * config.block_size) * config.vocab_size * 4
     if optimizer == "muon":
         matrices = sum(p.numel() for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2)
         state = 4 * (matrices + ADAM_STATES * (n_params - matrices))

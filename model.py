@@ -7,6 +7,7 @@ Parameter names follow GPT-2's published checkpoints (transformer.h.0.attn.c_att
 copies OpenAI's weights in by name.
 """
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -181,6 +182,11 @@ class Block(nn.Module):
         return x
 
 
+def no_autocast(device_type: str):
+    """Autocast switched off on devices that have it (the meta device has none)."""
+    return torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) else nullcontext()
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of logits = h @ weight.T against targets (-1 ignored), computed `chunk` rows at a
     time and recomputed in the backward pass, so the (rows, vocab) logits, in fp32 the largest tensor of a
@@ -189,10 +195,10 @@ class ChunkedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, chunk: int):
-        device_type = h.device.type
-        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else h.dtype
+        autocast = torch.amp.is_autocast_available(h.device.type)  # not on the meta device, which memory.py traces on
+        dtype = torch.get_autocast_dtype(h.device.type) if autocast and torch.is_autocast_enabled(h.device.type) else h.dtype
         wide = torch.promote_types(h.dtype, torch.float32)
-        with torch.autocast(device_type, enabled=False):
+        with no_autocast(h.device.type):
             hc, wc = h.to(dtype), weight.to(dtype)
             lse = torch.empty(h.size(0), dtype=wide, device=h.device)
             total = torch.zeros((), dtype=wide, device=h.device)
@@ -210,7 +216,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         h, weight, targets, lse, count = ctx.saved_tensors
-        with torch.autocast(h.device.type, enabled=False):
+        with no_autocast(h.device.type):
             hc, wc = h.to(ctx.dtype), weight.to(ctx.dtype)
             grad_h = torch.empty_like(h)
             grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device)

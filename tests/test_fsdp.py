@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from conftest import read_metrics, run_script, step_losses, tiny_args
+from conftest import char_vocab_size, read_metrics, run_script, step_losses, tiny_args
 from memory import plan
 from model import GPT, GPTConfig
 
@@ -61,3 +61,31 @@ def test_the_plan_divides_weights_gradients_and_optimizer_state_among_fsdp_proce
     assert ddp["ddp_buckets"] == ddp["weights"] and "ddp_buckets" not in fsdp
     block = sum(p.numel() for p in model.transformer.h[0].parameters())
     assert fsdp["gathered_blocks"] == 2 * block * 4 and fsdp["activations"] == ddp["activations"]
+
+
+def test_sigterm_to_one_fsdp_rank_saves_a_whole_checkpoint_and_stops_both(char_data, tmp_path):
+    import os
+    import signal
+
+    import torch
+    from test_faults import args_for, torchrun, wait_for_iter, worker_pids
+    out = str(tmp_path / "out")
+    proc = torchrun(2, *args_for(char_data, out, backend="gloo", max_iters=200, parallelism="fsdp"))
+    wait_for_iter(out, 3, proc)
+    os.kill(worker_pids(proc.pid)[1], signal.SIGTERM)  # rank 1 only
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert 3 <= saved["iter_num"] < 200 and not saved["evaluated"]
+    # the gathered, unsharded state: every tensor has its model shape, every moment its parameter's
+    assert saved["model"]["transformer.wte.weight"].shape == (char_vocab_size(char_data), 32)
+    assert all(s["exp_avg"].dim() >= 1 for s in saved["optimizer"]["state"].values())
+
+
+def test_non_finite_steps_in_a_row_stop_an_fsdp_run(char_data, tmp_path):
+    result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "out"), backend="gloo", parallelism="fsdp",
+                                               learning_rate=1e30, min_lr=0, grad_clip=0, max_nonfinite_steps=3,
+                                               gradient_accumulation_steps=2),
+                        cwd=str(tmp_path), torchrun_procs=2)
+    assert result.returncode != 0
+    assert "3 steps in a row had a non-finite loss or gradient norm" in result.stderr

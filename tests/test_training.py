@@ -19,7 +19,7 @@ def test_short_run_lowers_loss_and_writes_checkpoint_metrics_and_config(char_dat
     assert result.returncode == 0, result.stderr
     rows = read_metrics(out)
     assert list(rows[0]) == ["iter", "tokens", "loss", "val_loss", "train_eval_loss", "lr", "grad_norm", "dt_ms",
-                             "tokens_per_sec", "mfu"]
+                             "tokens_per_sec", "mfu", "hellaswag"]
     val = [float(r["val_loss"]) for r in rows if r["val_loss"]]
     assert len(val) == 3  # iterations 0, 20 and 40: the last step is always evaluated
     vocab_size = char_vocab_size(char_data)  # 65 for tiny Shakespeare
