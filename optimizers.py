@@ -9,7 +9,8 @@ weights, moments and step count as they were, exactly as a skipped step does.
 """
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, distribute_tensor
+
+from sharding import is_dtensor, like
 
 
 def nonfinite_flag(loss_sum: torch.Tensor, grad_norm: torch.Tensor, loss_scaling: bool, ddp: bool) -> torch.Tensor:
@@ -98,9 +99,8 @@ class Muon(torch.optim.Optimizer):
                     buf = state["momentum_buffer"]
                     buf.lerp_(p.grad, 1 - group["momentum"])
                     update = p.grad.lerp(buf, group["momentum"])  # Nesterov: look one momentum step ahead
-                    if isinstance(update, DTensor):  # FSDP: every rank orthogonalises the whole matrix, keeps its shard
-                        update = distribute_tensor(orthogonalize(update.full_tensor()), update.device_mesh,
-                                                   update.placements, src_data_rank=None)
+                    if is_dtensor(update):  # FSDP: every rank orthogonalises the whole matrix, keeps its shard
+                        update = like(orthogonalize(update.full_tensor()), update)
                     else:
                         update = orthogonalize(update)
                     scale = max(1.0, p.size(0) / p.size(1)) ** 0.5

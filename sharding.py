@@ -10,8 +10,9 @@ cost is one gather of the state onto every rank per save; torch.distributed.chec
 in parallel, but its folder of files would no longer be the ckpt.pt that sample.py, export.py and every
 resume path read.
 """
+import sys
+
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 def shard(model: torch.nn.Module, dtype: str):
@@ -31,14 +32,22 @@ def shard(model: torch.nn.Module, dtype: str):
     fully_shard(model, mp_policy=policy)
 
 
+def is_dtensor(t) -> bool:
+    """Whether t is a DTensor (an FSDP shard), without importing torch.distributed.tensor, which costs most of a
+    second at every start-up: until something imports it, no DTensor exists."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
 def full(t):
     """The whole tensor behind a DTensor shard (a collective: every rank calls it), or t itself."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    return t.full_tensor() if is_dtensor(t) else t
 
 
 def like(value, param):
     """value, a full tensor, as param holds it: this rank's shard when param is a DTensor, else as it is."""
-    if isinstance(param, DTensor) and isinstance(value, torch.Tensor) and value.shape == param.shape:
+    if is_dtensor(param) and isinstance(value, torch.Tensor) and value.shape == param.shape:
+        from torch.distributed.tensor import distribute_tensor
         return distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
     return value
 
