@@ -352,7 +352,7 @@ if __name__ == "__main__":
     wandb_run_id, skip_first_eval = None, False
     if init_from not in ("scratch", "resume") and start_optimizer is not None:
         refused = take_optimizer_state(optimizer, start_optimizer)
-        report.print(f"optimizer state of {init_from} " + (f"not taken: {refused}" if refused else "taken (AdamW moments)"))
+        report.print(f"optimizer state of {init_from} " + (f"not taken: {refused}" if refused else "taken (its moments)"))
     if checkpoint is not None:
         state = restore_training_state(checkpoint, ckpt_path, model, optimizer, scaler, rank, world_size, device_type)
         iter_num, tokens_seen, best_val_loss, best_iter = (state[k] for k in PROGRESS_KEYS)

@@ -144,6 +144,8 @@ def test_a_nanogpt_checkpoint_samples_and_starts_a_run(run, char_data, tmp_path,
     theirs = run_script("sample.py", f"--out_dir={nano}", *greedy, cwd=str(tmp_path))
     assert ours.returncode == 0 and theirs.returncode == 0, theirs.stderr
     assert theirs.stdout == ours.stdout and theirs.stdout.startswith("ROMEO:")
+    if not prefix:
+        return  # the rest reads the weights the same way whatever their names were
     # its weights start a new run: evaluated before any step, the loss is the original run's last one
     evaluated = run_script("train.py", *tiny_args(char_data, str(tmp_path / "eval"), init_from=f"{nano}/ckpt.pt",
                                                   eval_only=True), cwd=str(tmp_path))

@@ -37,9 +37,8 @@ def test_short_run_lowers_loss_and_writes_checkpoint_metrics_and_config(char_dat
     assert "error" not in result.stderr
 
 
-@pytest.mark.parametrize("settings", [{}, dict(lr_schedule="wsd-sqrt", cooldown_frac=0.5),
-                                      dict(lr_schedule="constant", optimizer="muon")],
-                         ids=["cosine", "wsd-sqrt", "constant-muon"])
+@pytest.mark.parametrize("settings", [{}, dict(lr_schedule="wsd-sqrt", cooldown_frac=0.5, optimizer="muon")],
+                         ids=["cosine-adamw", "wsd-sqrt-muon"])  # wsd: the resumed half crosses into the cooldown (30)
 def test_resume_continues_with_the_same_losses_as_an_unbroken_run(char_data, tmp_path, settings):
     straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
     assert run_script("train.py", *tiny_args(char_data, straight, **settings), cwd=str(tmp_path)).returncode == 0
@@ -121,10 +120,9 @@ def test_accumulation_steps_must_divide_among_processes(char_data, tmp_path):
     assert "gradient_accumulation_steps 3 is not divisible by the world size 2" in result.stderr
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_two_process_ddp_matches_one_process(char_data, tmp_path, optimizer):
+def test_two_process_ddp_matches_one_process(char_data, tmp_path):
     single, double = str(tmp_path / "single"), str(tmp_path / "ddp")
-    args = dict(max_iters=20, gradient_accumulation_steps=4, optimizer=optimizer)
+    args = dict(max_iters=20, gradient_accumulation_steps=4)
     one = run_script("train.py", *tiny_args(char_data, single, **args), cwd=str(tmp_path))
     assert one.returncode == 0, one.stderr
     two = run_script("train.py", *tiny_args(char_data, double, backend="gloo", **args), cwd=str(tmp_path),
@@ -241,5 +239,5 @@ def test_the_gpu_suite_runs_its_reduced_version_on_a_cpu(char_data, tmp_path):
                         f"--char_data={char_data}", cwd=str(tmp_path), timeout=600)
     assert result.returncode == 0, result.stderr
     rows = [line for line in open(tmp_path / "out" / "table.md").read().splitlines()[2:]]
-    assert len(rows) >= 7 and all("| ok |" in row for row in rows), rows
+    assert len(rows) >= 6 and all("| ok |" in row for row in rows), rows
     assert any("B/A tokens/s" in row for row in rows) and (tmp_path / "out" / "logs.tar.gz").exists()
