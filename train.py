@@ -372,10 +372,6 @@ if __name__ == "__main__":
         print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
     elif compile:
         report.print(f"compiling the model (mode {compile_mode})...")
-        if ddp and activation_checkpointing:
-            # Dynamo's DDP optimizer splits the graph at bucket boundaries and cannot split through checkpointing's
-            # higher-order op: compile one graph instead, so DDP's buckets no longer overlap with backward
-            torch._dynamo.config.optimize_ddp = False
         model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     eval_model = model
     if ddp and not fsdp:
