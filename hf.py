@@ -69,21 +69,39 @@ def to_hf_state(model: GPT) -> dict:
                 if name.endswith(("c_attn", "c_proj", "c_fc", "ln_1", "ln_2", "ln_f")):
                     out[f"{name}.bias"] = torch.zeros(module.weight.shape[-1] if "ln" in name else module.weight.shape[0])
         return out
-    hs, nkv = config.n_embd // config.n_head, config.kv_heads
-    out = {"model.embed_tokens.weight": sd["transformer.wte.weight"], "model.norm.weight": sd["transformer.ln_f.weight"],
-           "lm_head.weight": sd["lm_head.weight"]}
+    out = {theirs: sd[ours] for ours, theirs in llama_names(config)}
+    for ours, theirs, sizes in llama_fused(config):
+        out.update(zip(theirs, sd[ours].split(sizes)))
+    return {k: v.clone() for k, v in out.items()}
+
+
+def llama_names(config: GPTConfig) -> list[tuple[str, str]]:
+    """(our name, LlamaForCausalLM's name) of each weight that maps one to one."""
+    names = [("transformer.wte.weight", "model.embed_tokens.weight"), ("transformer.ln_f.weight", "model.norm.weight"),
+             ("lm_head.weight", "lm_head.weight")]
     for i in range(config.n_layer):
         ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
-        out[theirs + "input_layernorm.weight"] = sd[ours + "ln_1.weight"]
-        out[theirs + "post_attention_layernorm.weight"] = sd[ours + "ln_2.weight"]
+        names += [(ours + "ln_1.weight", theirs + "input_layernorm.weight"),
+                  (ours + "ln_2.weight", theirs + "post_attention_layernorm.weight")]
         for kind in ("weight", "bias") if config.bias else ("weight",):
-            q, k, v = sd[ours + f"attn.c_attn.{kind}"].split([config.n_head * hs, nkv * hs, nkv * hs])
-            gate, up = sd[ours + f"mlp.c_fc.{kind}"].chunk(2)
-            out.update({theirs + f"self_attn.q_proj.{kind}": q, theirs + f"self_attn.k_proj.{kind}": k,
-                        theirs + f"self_attn.v_proj.{kind}": v, theirs + f"self_attn.o_proj.{kind}": sd[ours + f"attn.c_proj.{kind}"],
-                        theirs + f"mlp.gate_proj.{kind}": gate, theirs + f"mlp.up_proj.{kind}": up,
-                        theirs + f"mlp.down_proj.{kind}": sd[ours + f"mlp.c_proj.{kind}"]})
-    return {k: v.clone() for k, v in out.items()}
+            names += [(ours + f"attn.c_proj.{kind}", theirs + f"self_attn.o_proj.{kind}"),
+                      (ours + f"mlp.c_proj.{kind}", theirs + f"mlp.down_proj.{kind}")]
+    return names
+
+
+def llama_fused(config: GPTConfig) -> list[tuple[str, list[str], list[int]]]:
+    """Our fused weights as (our name, LLaMA's names of its parts, the parts' sizes along dim 0): q, k, v in
+    c_attn; the SwiGLU gate and up projections in c_fc."""
+    hs, nkv = config.n_embd // config.n_head, config.kv_heads
+    fused = []
+    for i in range(config.n_layer):
+        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        for kind in ("weight", "bias") if config.bias else ("weight",):
+            fused += [(ours + f"attn.c_attn.{kind}", [theirs + f"self_attn.{p}_proj.{kind}" for p in "qkv"],
+                       [config.n_head * hs, nkv * hs, nkv * hs]),
+                      (ours + f"mlp.c_fc.{kind}", [theirs + f"mlp.{p}_proj.{kind}" for p in ("gate", "up")],
+                       [config.hidden, config.hidden])]
+    return fused
 
 
 def to_transformers(model: GPT, vocab: dict | None = None):
@@ -140,18 +158,8 @@ def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
                            bias=hf.attention_bias, dropout=dropout, pos_emb="rope", rope_theta=rope_theta_of(hf),
                            norm="rmsnorm", mlp="swiglu", mlp_hidden=hf.intermediate_size,
                            tie_embeddings=hf.tie_word_embeddings)
-        state = {"transformer.wte.weight": sd["model.embed_tokens.weight"], "transformer.ln_f.weight": sd["model.norm.weight"],
-                 "lm_head.weight": sd["lm_head.weight"]}
-        for i in range(config.n_layer):
-            ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
-            state[ours + "ln_1.weight"] = sd[theirs + "input_layernorm.weight"]
-            state[ours + "ln_2.weight"] = sd[theirs + "post_attention_layernorm.weight"]
-            for kind in ("weight", "bias") if config.bias else ("weight",):
-                attn = [sd[theirs + f"self_attn.{p}_proj.{kind}"] for p in "qkv"]
-                state[ours + f"attn.c_attn.{kind}"] = torch.cat(attn)
-                state[ours + f"attn.c_proj.{kind}"] = sd[theirs + f"self_attn.o_proj.{kind}"]
-                state[ours + f"mlp.c_fc.{kind}"] = torch.cat([sd[theirs + f"mlp.gate_proj.{kind}"], sd[theirs + f"mlp.up_proj.{kind}"]])
-                state[ours + f"mlp.c_proj.{kind}"] = sd[theirs + f"mlp.down_proj.{kind}"]
+        state = {ours: sd[theirs] for ours, theirs in llama_names(config)}
+        state.update({ours: torch.cat([sd[name] for name in theirs]) for ours, theirs, _ in llama_fused(config)})
     else:
         raise UserError(f"transformers model type {hf.model_type!r} is not supported: use a GPT-2 or LLaMA model")
     if config.mlp_hidden == dataclasses.replace(config, mlp_hidden=0).hidden:
