@@ -74,16 +74,22 @@ def architecture(model_args: dict) -> dict:
     return {k: model_args[k] if k in model_args else getattr(defaults, k) for k in (*SHAPE_KEYS, *ARCH_KEYS)}
 
 
+def read_file(path: str):
+    """torch.load of a checkpoint file onto the CPU without running code from it; a UserError when it is torn
+    or not a checkpoint at all."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several kinds for a torn or foreign file
+        raise UserError(f"checkpoint {path} cannot be read ({e.__class__.__name__}): it is damaged or not a "
+                        "checkpoint") from e
+
+
 def load_checkpoint(path: str) -> dict:
     """A checkpoint written by save_checkpoint, read without running code from it and onto the CPU (so
     resuming does not spike GPU memory); a UserError when it is missing, unreadable or of another format."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}: check out_dir (init_from='resume' continues a run saved there)")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several kinds for a torn or foreign file
-        raise UserError(f"checkpoint {path} cannot be read ({e.__class__.__name__}): it is damaged or not a "
-                        "checkpoint of this trainer") from e
+    checkpoint = read_file(path)
     missing = sorted(CHECKPOINT_KEYS - set(checkpoint)) if isinstance(checkpoint, dict) else ["everything"]
     if not missing and isinstance(checkpoint["model_args"], dict):
         missing = [f"model_args['{k}']" for k in SHAPE_KEYS if k not in checkpoint["model_args"]]
@@ -93,10 +99,11 @@ def load_checkpoint(path: str) -> dict:
     return checkpoint
 
 
-def check_vocabulary(checkpoint: dict, vocabulary: dict, dataset: str, path: str):
-    """A resumed run must read its tokens as the checkpoint's run did: the same tokenizer and, for a character
-    dataset, the same characters in the same order. Checkpoints from before this was saved pass."""
-    saved = checkpoint.get("vocabulary") or {}
+def check_vocabulary(saved: dict | None, vocabulary: dict, dataset: str, path: str):
+    """A run from a checkpoint's weights must read its tokens as the checkpoint's run did (saved: the vocabulary
+    the checkpoint keeps): the same tokenizer and, for a character dataset, the same characters in the same
+    order. Checkpoints from before this was saved (None) pass."""
+    saved = saved or {}
     for key in ("tokenizer", "chars"):
         if saved.get(key) is not None and vocabulary.get(key) is not None and saved[key] != vocabulary[key]:
             what = {"tokenizer": lambda v: f"tokenizer {v}", "chars": lambda v: f"{len(v)} characters {v[:12]!r}..."}[key]
@@ -122,11 +129,7 @@ def strip_prefixes(name: str) -> str:
 def read_model_file(path: str, dropout: float) -> tuple[GPT, dict | None, dict | None]:
     """The model in a checkpoint file of this trainer or of nanoGPT (which lacks this trainer's other keys and,
     from compiled runs, has prefixed names), its vocabulary (None when unknown) and its optimizer state."""
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several kinds for a torn or foreign file
-        raise UserError(f"checkpoint {path} cannot be read ({e.__class__.__name__}): it is damaged or not a "
-                        "checkpoint") from e
+    saved = read_file(path)
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) or not isinstance(saved.get("model_args"), dict):
         raise UserError(f"{path} is not a checkpoint of this trainer or nanoGPT: it lacks 'model' or 'model_args'")
     missing = [k for k in SHAPE_KEYS if k not in saved["model_args"]]

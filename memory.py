@@ -128,15 +128,13 @@ def describe(parts: dict, free: int | None) -> str:
     return f"memory plan per device: {parts['total'] / GIB:.2f} GiB{room} ({breakdown(parts)})"
 
 
-def check_fits(parts: dict, free: int | None, model: GPT, batch_size: int, dtype: str, optimizer: str,
-               world_size: int, parallelism: str, activation_checkpointing: bool, device_type: str):
-    """A UserError naming the changes that would fit when the plan is more than the free memory."""
+def check_fits(parts: dict, free: int | None, model: GPT, settings: dict):
+    """A UserError naming the changes that would fit when the plan (parts, made by plan(model, **settings)) is
+    more than the free memory."""
     if free is None or parts["total"] <= free:
         return
-    fits = lambda **change: plan(**{**dict(model=model, batch_size=batch_size, dtype=dtype, optimizer=optimizer,
-                                           world_size=world_size, parallelism=parallelism,
-                                           activation_checkpointing=activation_checkpointing,
-                                           device_type=device_type), **change})["total"] <= free
+    fits = lambda **change: plan(model, **{**settings, **change})["total"] <= free
+    batch_size, world_size = settings["batch_size"], settings["world_size"]
     fixes = []
     smaller = batch_size // 2
     while smaller >= 1:
@@ -145,9 +143,9 @@ def check_fits(parts: dict, free: int | None, model: GPT, batch_size: int, dtype
                          f"{batch_size // smaller}x (the same tokens per step)")
             break
         smaller //= 2
-    if not activation_checkpointing and fits(activation_checkpointing=True):
+    if not settings["activation_checkpointing"] and fits(activation_checkpointing=True):
         fixes.append("--activation_checkpointing=True")
-    if world_size > 1 and parallelism == "ddp" and fits(parallelism="fsdp"):
+    if world_size > 1 and settings["parallelism"] == "ddp" and fits(parallelism="fsdp"):
         fixes.append("--parallelism=fsdp")
     hint = "; ".join(fixes) if fixes else "a smaller model, or more devices"
     raise UserError(f"this run needs about {parts['total'] / GIB:.2f} GiB per device but {free / GIB:.2f} GiB is "

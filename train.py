@@ -282,14 +282,14 @@ if __name__ == "__main__":
                  f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
                  f"vocab_size {data['vocab_size'] or 'unknown'}")
     if checkpoint is not None:
-        check_vocabulary(checkpoint, data["vocabulary"], dataset, ckpt_path)
+        check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
+    codec = dataset_codec(data["dir"]) if hellaswag_interval or (sample_interval and master_process) else None
+    if sample_interval and master_process:
+        codec[0](sample_prompt)  # a prompt the dataset cannot encode fails now, not at the first sample
     hellaswag = None  # (items, encode) when HellaSwag is scored during training
     if hellaswag_interval:
-        hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], dataset_codec(data["dir"])[0])
+        hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])
         check_encodable(*hellaswag)
-    codec = dataset_codec(data["dir"]) if sample_interval and master_process else None
-    if codec is not None:
-        codec[0](sample_prompt)  # a prompt the dataset cannot encode fails now, not at the first sample
 
     def train_batch(it, micro_step):
         """This process's micro-batch `micro_step` of step `it`: part (seed, it, global micro-step) of the global batch."""
@@ -311,7 +311,7 @@ if __name__ == "__main__":
         model = GPT(GPTConfig(**model_args))  # its state is restored with the optimizer's, below
     else:  # weights to start from: GPT-2 by name, a transformers folder, or a checkpoint file (ours or nanoGPT's)
         model, start_vocabulary, start_optimizer = load_pretrained(init_from, dropout)
-        check_vocabulary({"vocabulary": start_vocabulary}, data["vocabulary"], dataset, init_from)
+        check_vocabulary(start_vocabulary, data["vocabulary"], dataset, init_from)
         model.config.loss_chunk, model.config.activation_checkpointing = loss_chunk, activation_checkpointing
         for k in (*SHAPE_KEYS, *ARCH_KEYS):
             model_args[k] = getattr(model.config, k)
@@ -325,15 +325,16 @@ if __name__ == "__main__":
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     # the memory plan: what training will hold per device, checked against what is free before anything is big
-    needs = plan(model, batch_size, dtype, optimizer, world_size, parallelism, activation_checkpointing, device_type)
+    planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
+                   parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type)
+    needs = plan(model, **planned)
     free = free_bytes(device)
     report.print(describe(needs, free))
     if dry_run:
         report.print(f"dry run: {model.get_num_params(non_embedding=False) / 1e6:.2f}M parameters, "
                      f"{model.flops_per_token() / 1e9:.3f} GFLOPs per token in training, {tokens_per_iter:,} tokens "
                      f"per step, {model.flops_per_token() * tokens_per_iter / 1e12:.3f} TFLOPs per step")
-    check_fits(needs, free, model, batch_size, dtype, optimizer, world_size, parallelism, activation_checkpointing,
-               device_type)
+    check_fits(needs, free, model, planned)
     if dry_run:
         report.print("dry run: it fits; nothing trained or written")
         if ddp:
