@@ -38,6 +38,7 @@ import torch
 
 import configurator
 from common import UserError, check_device, excepthook, peak_flops
+from fp8 import check_fp8, use_fp8
 from model import GPT, GPTConfig
 
 mode = "train"  # 'train' times training steps; 'generate' times sampling with and without the KV cache; 'get_batch' and 'prepare' time the data pipeline [mode in ('train', 'generate', 'get_batch', 'prepare')]
@@ -92,6 +93,7 @@ device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cu
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model (after a test compile; without it where that fails)
 compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
+fp8 = False  # as in train.py: the blocks' matmuls in float8 (see fp8.py)
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 # train.py settings that do not change what a step costs: a training config file may set them, and bench
@@ -244,6 +246,9 @@ def model_of(cfg: dict) -> tuple[str, str, object, GPT]:
     torch.manual_seed(cfg["seed"])
     vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"]) or 50304
     model = GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS}))
+    if cfg["fp8"]:
+        check_fp8(cfg["device"])
+        use_fp8(model)
     return device_type, dtype, autocast_context(device_type, dtype), model.to(cfg["device"])
 
 
@@ -298,7 +303,7 @@ def build(cfg: dict) -> dict:
         return loss_sum
 
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
-          f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}")
+          f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}, fp8 {cfg['fp8']}")
     return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype}
 
 

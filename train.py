@@ -32,6 +32,7 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
 from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook,
                     launcher_ranks, peak_flops, resolve_dtype, setup_distributed)
 from dataset import eval_key, get_batch, load_dataset, seed_from
+from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
 from memory import check_fits, describe, free_bytes, plan
 from model import GPT, GPTConfig
@@ -110,6 +111,7 @@ device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU come
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model: slower start, faster steps
 compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
+fp8 = False  # the transformer blocks' matmuls in float8 with dynamic scaling (fp8.py): faster on GPUs of compute capability 8.9+ (H100, L4, RTX 4090); the head, embeddings, norms and the saved weights stay as they are
 sync_every_step = False  # read each step's skip and stop verdicts on the host (a device sync per step); False reads them once per log line
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
@@ -252,6 +254,8 @@ if __name__ == "__main__":
     # ---- distributed setup
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
+    if fp8:
+        check_fp8(device)
     if ranks is not None and gradient_accumulation_steps % ranks[2]:
         raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
                         f"world size {ranks[2]}: make it a multiple of the number of processes")
@@ -341,6 +345,8 @@ if __name__ == "__main__":
             dist.barrier()
             dist.destroy_process_group()
         sys.exit(0)
+    if fp8:
+        report.print(f"fp8: {use_fp8(model)} matmuls in the blocks run in float8, the head in {dtype}")
     model.to(device)
     if fsdp:
         shard(model, dtype)  # before the optimizer is made: it must hold the shards

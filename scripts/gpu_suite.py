@@ -144,6 +144,11 @@ def step_converge(suite: Suite, args):
               f"{', compile' if ON_GPU else ''}) "
               f"vs {plain['final_val_loss']:.4f} plain; {fast['mean_tokens_per_sec']:,.0f} vs "
               f"{plain['mean_tokens_per_sec']:,.0f} tok/s" if ok else "see logs/converge_*.log")
+    if ON_GPU:  # fp8 needs compute capability 8.9+; on a CPU it is emulated and tested by tests/test_fp8.py
+        fp8 = char_run(suite, args, "converge_fp8", ["--fp8=True"])
+        suite.row(f"fp8 vs bf16, Shakespeare char {args.char_iters} steps", fp8 is not None and plain is not None,
+                  f"val loss {fp8['final_val_loss']:.4f} fp8 vs {plain['final_val_loss']:.4f} plain bf16; "
+                  f"{fp8['mean_tokens_per_sec']:,.0f} tok/s" if fp8 and plain else "see logs/converge_fp8.log")
 
 
 def step_gpt2(suite: Suite, args):
@@ -175,6 +180,8 @@ FASTPATHS = [
     ("compile reduce-overhead (CUDA graphs) vs default", [], "--compile_mode=reduce-overhead"),
     ("activation checkpointing vs off (its cost)", [], "--activation_checkpointing=True"),
     ("Muon vs AdamW (the optimizer step's cost)", [], "--optimizer=muon"),
+    ("fp8 matmuls in the blocks vs bf16", [], "--fp8=True"),
+    ("fp8 with the chunked loss at batch 24 vs bf16 at batch 12", [], f"--fp8=True --loss_chunk={LOSS_CHUNK} --batch_size=24"),
 ]
 
 

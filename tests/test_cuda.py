@@ -61,6 +61,20 @@ def test_bf16_compiled_model_matches_eager_and_learns_with_fused_adamw():
     assert loss.item() < eager_loss.item() - 2.0  # memorising one batch
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="fp8 matmuls need compute capability 8.9+")
+def test_fp8_compiled_training_on_the_gpu_follows_bf16(gpu_data, tmp_path):
+    """fp8 (fp8.py) in hardware, compiled, through train.py: its losses stay near the bf16 run's."""
+    losses = {}
+    for fp8 in (False, True):
+        out = tmp_path / f"fp8_{fp8}"
+        result = run_script("train.py", *gpu_args(gpu_data, out, compile=True, dropout=0.0, fp8=fp8), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        losses[fp8] = step_losses(read_metrics(out))
+    assert all(abs(losses[True][i] - losses[False][i]) < 0.1 * losses[False][i] for i in losses[False])
+    assert losses[True][max(losses[True])] < losses[True][min(losses[True])] - 0.5
+
+
 def test_resume_on_the_gpu_continues_an_unbroken_run(gpu_data, tmp_path):
     straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
     result = run_script("train.py", *gpu_args(gpu_data, straight), cwd=str(tmp_path))
