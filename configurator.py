@@ -14,7 +14,8 @@ in brackets that may name other settings, e.g.
     min_lr = 6e-5  # floor of the schedule [0 <= min_lr <= learning_rate]
 
 configure() checks every such rule, in the order of the script, before the script touches a file, and
---help shows them with the comments.
+--help shows them with the comments. A number setting whose rule names 'auto', such as
+`batch_size = 12  # ... [batch_size == 'auto' or batch_size > 0]`, also takes the string 'auto'.
 """
 import ast
 import difflib
@@ -35,7 +36,9 @@ def config_keys(scope: dict) -> dict:
     return {k: v for k, v in scope.items() if not k.startswith("_") and type(v) in (int, float, bool, str)}
 
 
-def _checked(key: str, value, config: dict, source: str):
+def _checked(key: str, value, config: dict, source: str, autos=()):
+    """value for the setting key, checked against config's keys and its default's type; the settings in
+    `autos` also take the string 'auto' (their rules say what it means)."""
     if key not in config:
         close = difflib.get_close_matches(key, config, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the keys"
@@ -43,8 +46,11 @@ def _checked(key: str, value, config: dict, source: str):
     default = config[key]
     if type(default) is float and type(value) is int:
         return float(value)
+    if key in autos and value == "auto":
+        return value
     if type(value) is not type(default):
-        raise UserError(f"config key '{key}' in {source} must be {type(default).__name__} "
+        kind = type(default).__name__ + (" or 'auto'" if key in autos else "")
+        raise UserError(f"config key '{key}' in {source} must be {kind} "
                         f"(default {default!r}), got {value!r}")
     return value
 
@@ -61,9 +67,9 @@ def parse_value(raw: str, default):
     return value
 
 
-def apply_file(path: str, config: dict, ignored=()) -> dict:
+def apply_file(path: str, config: dict, ignored=(), autos=()) -> dict:
     """Run a config file with the current settings in scope and return the settings it changed; keys in
-    `ignored` are accepted and dropped."""
+    `ignored` are accepted and dropped, keys in `autos` may be 'auto'."""
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' not found: give a path such as config/train_shakespeare_char.py")
     try:
@@ -87,7 +93,7 @@ def apply_file(path: str, config: dict, ignored=()) -> dict:
         if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)) or key in ignored:
             continue  # imports, helpers and private names in a config file are its own business
         if key not in config or value is not config[key]:
-            changed[key] = _checked(key, value, config, f"config file '{path}'")
+            changed[key] = _checked(key, value, config, f"config file '{path}'", autos)
     return changed
 
 
@@ -100,18 +106,20 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
         print(describe(script, config))
         sys.exit(0)
     config = dict(config)
+    setting_rules = rules(script, config) if script is not None else {}
+    autos = {k for k, rule in setting_rules.items() if "'auto'" in rule and type(config[k]) is not str}
     for arg in argv:
         if not arg.startswith("--"):
-            config.update(apply_file(arg, config, ignored))
+            config.update(apply_file(arg, config, ignored, autos))
             continue
         key, sep, raw = arg[2:].partition("=")  # split on the first '=' only: --wandb_run_name=lr=3e-4
         if not sep:
             raise UserError(f"flag '{arg}' has no value: write --{key}=VALUE")
         if key in ignored:
             continue
-        config[key] = _checked(key, parse_value(raw, config.get(key)), config, f"flag '{arg}'")
+        config[key] = _checked(key, parse_value(raw, config.get(key)), config, f"flag '{arg}'", autos)
     if script is not None:
-        check_rules(config, rules(script, config))
+        check_rules(config, setting_rules)
     return config
 
 

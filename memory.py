@@ -128,6 +128,19 @@ def describe(parts: dict, free: int | None) -> str:
     return f"memory plan per device: {parts['total'] / GIB:.2f} GiB{room} ({breakdown(parts)})"
 
 
+AUTO_SHARE = 0.85  # batch_size='auto' plans into this share of the free memory: the plan is an estimate
+AUTO_LIMIT = 1024  # and tries no micro-batch past this many sequences
+
+
+def largest_batch(model: GPT, settings: dict, free: int) -> int | None:
+    """batch_size='auto': the largest power-of-two micro-batch (up to AUTO_LIMIT) whose plan, made by
+    plan(model, **settings) with that batch_size, fits in AUTO_SHARE of `free` bytes; None when not even 1 does."""
+    best, batch = None, 1
+    while batch <= AUTO_LIMIT and plan(model, **{**settings, "batch_size": batch})["total"] <= AUTO_SHARE * free:
+        best, batch = batch, 2 * batch
+    return best
+
+
 def check_fits(parts: dict, free: int | None, model: GPT, settings: dict):
     """A UserError naming the changes that would fit when the plan (parts, made by plan(model, **settings)) is
     more than the free memory."""

@@ -34,7 +34,7 @@ from common import (FolderLock, UserError, autocast_context, check_device, compi
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
-from memory import check_fits, describe, free_bytes, plan
+from memory import check_fits, describe, free_bytes, largest_batch, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 from report import Reporter
@@ -68,7 +68,7 @@ wandb_run_name = "gpt2"  # wandb run name
 # ---- data
 dataset = "openwebtext"  # a folder under data/, or a path, holding meta.json and token files (or nanoGPT's train.bin, val.bin)
 gradient_accumulation_steps = 5 * 8  # micro-steps per optimizer step, summed over all processes [gradient_accumulation_steps > 0]
-batch_size = 12  # sequences per micro-step per process [batch_size > 0]
+batch_size = 12  # sequences per micro-step per process; 'auto': the largest power of two up to 1024 that the memory plan fits in 85% of the free memory (for GPUs: on a CPU that is the host's RAM), agreed by all processes; a resumed run keeps its checkpoint's [batch_size == 'auto' or batch_size > 0]
 block_size = 1024  # context length in tokens [block_size > 0]
 # ---- model
 n_layer = 12  # transformer blocks [n_layer > 0]
@@ -243,6 +243,8 @@ if __name__ == "__main__":
                             f"not {config['optimizer']}: resume with that optimizer, or start a new run from its weights "
                             f"with --init_from={ckpt_path} in another out_dir")
         config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
+        if config["batch_size"] == "auto":  # the batch it was planned with, wherever it resumes: the same batches
+            config["batch_size"] = checkpoint["config"]["batch_size"]
         if checkpoint["evaluated"] and checkpoint["iter_num"] >= config["max_iters"] and not config["eval_only"]:
             if master_process:
                 print(f"the run in {config['out_dir']} is finished: its checkpoint is at iter {checkpoint['iter_num']} "
@@ -271,9 +273,7 @@ if __name__ == "__main__":
             raise UserError("sample_interval and hellaswag_interval are not available with parallelism='fsdp' yet: "
                             "set them to 0, and sample or evaluate the checkpoint with sample.py or eval.py")
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
-    tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
-    report.print(f"world size {world_size}, device {device}, dtype {dtype}; tokens per iteration {tokens_per_iter:,} "
-                 f"({gradient_accumulation_steps} micro-steps x {batch_size} sequences x {block_size} tokens)")
+    report.print(f"world size {world_size}, device {device}, dtype {dtype}")
     report.print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -331,8 +331,23 @@ if __name__ == "__main__":
     # the memory plan: what training will hold per device, checked against what is free before anything is big
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type)
-    needs = plan(model, **planned)
     free = free_bytes(device)
+    if batch_size == "auto":
+        batch_size = largest_batch(model, planned, free) if free is not None else None
+        if ddp:  # every process must take the same micro-batch: the one that fits on all of them
+            box = torch.tensor(batch_size or 0, device=device)
+            dist.all_reduce(box, op=dist.ReduceOp.MIN)
+            batch_size = int(box) or None
+        if batch_size is None:
+            raise UserError("batch_size='auto' found no micro-batch that fits" + ("" if free is None else
+                            f" in {free / 2**30:.2f} GiB free") + ": give --batch_size=N (and see the memory plan "
+                            "with --dry_run=True)")
+        config["batch_size"] = planned["batch_size"] = batch_size  # what config.json and checkpoints record
+        report.print(f"batch_size auto: {batch_size} sequences per micro-step")
+    tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+    report.print(f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps x "
+                 f"{batch_size} sequences x {block_size} tokens)")
+    needs = plan(model, **planned)
     report.print(describe(needs, free))
     if dry_run:
         report.print(f"dry run: {model.get_num_params(non_embedding=False) / 1e6:.2f}M parameters, "

@@ -132,3 +132,16 @@ def test_a_config_file_that_raises_names_its_line(tmp_path):
     path.write_text("batch_size = 4\n\nlearning_rate = {}['missing']\n")
     with pytest.raises(UserError, match=r"exp.py' line 3 raised KeyError: 'missing'"):
         configure(DEFAULTS, [str(path)])
+
+
+def test_auto_is_taken_only_where_the_rule_names_it(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("batch_size = 12  # sequences [batch_size == 'auto' or batch_size > 0]\n"
+                      "n_layer = 6  # blocks [n_layer > 0]\n")
+    config = {"batch_size": 12, "n_layer": 6}
+    assert configure(config, ["--batch_size=auto"], str(script))["batch_size"] == "auto"
+    assert configure(config, ["--batch_size=8"], str(script))["batch_size"] == 8
+    with pytest.raises(UserError, match="'n_layer' .* must be int"):
+        configure(config, ["--n_layer=auto"], str(script))
+    with pytest.raises(UserError, match="'batch_size' .* must be int or 'auto'"):
+        configure(config, ["--batch_size=big"], str(script))

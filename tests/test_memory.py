@@ -1,4 +1,5 @@
 """The memory plan (memory.py) against what training really holds, activation checkpointing, and --dry_run."""
+import json
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_script, tiny_args
-from memory import plan
+from memory import AUTO_LIMIT, AUTO_SHARE, largest_batch, plan
 from model import GPT, GPTConfig
 
 GPT2 = dict()
@@ -125,3 +126,32 @@ def test_a_run_that_cannot_fit_stops_before_it_starts_and_says_what_would_fit(ch
     assert result.returncode != 0
     assert "error: this run needs about" in result.stderr and "What fits: --batch_size=" in result.stderr
     assert not os.path.exists(os.path.join(out, "metrics.csv"))
+
+
+def test_largest_batch_is_the_largest_power_of_two_the_plan_fits():
+    model = GPT(GPTConfig(**SHAPE))
+    settings = dict(batch_size=1, dtype="float32", optimizer="adamw", world_size=1, parallelism="ddp",
+                    activation_checkpointing=False, device_type="cpu")
+    totals = {b: plan(model, **{**settings, "batch_size": b})["total"] for b in (1, 8, 16)}
+    assert totals[1] < totals[8] < totals[16]
+    between = (totals[8] + totals[16]) / 2 / AUTO_SHARE  # free memory in which 8 fits, with the margin, and 16 not
+    assert largest_batch(model, settings, int(between)) == 8
+    assert largest_batch(model, settings, int(totals[1] / AUTO_SHARE) - 1) is None
+    assert largest_batch(model, settings, 2**50) == AUTO_LIMIT
+
+
+def test_batch_size_auto_records_its_choice_and_a_resume_keeps_it(char_data, tmp_path):
+    out = tmp_path / "out"
+    args = tiny_args(char_data, out, batch_size="auto", gradient_accumulation_steps=1, max_iters=1, eval_interval=1,
+                     eval_iters=1)
+    first = run_script("train.py", *args, cwd=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    chosen = json.loads((out / "config.json").read_text())["batch_size"]
+    assert f"batch_size auto: {chosen} sequences per micro-step" in first.stdout
+    assert chosen & (chosen - 1) == 0 and chosen >= 64  # a power of two; a 2-layer, 32-wide model fits many
+    torch.save({**torch.load(out / "ckpt.pt", weights_only=True),
+                "config": {**torch.load(out / "ckpt.pt", weights_only=True)["config"], "batch_size": 3}}, out / "ckpt.pt")
+    resumed = run_script("train.py", *args, "--init_from=resume", "--max_iters=2", cwd=str(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "batch_size auto" not in resumed.stdout and "x 3 sequences" in resumed.stdout  # the checkpoint's batch
+    assert json.loads((out / "config.json").read_text())["batch_size"] == 3
