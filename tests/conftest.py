@@ -6,11 +6,13 @@ package-index fallback. Where that yields another text than the canonical tiny S
 plays), the tests that pin its exact counts check the same properties against the text they got."""
 import functools
 import importlib.util
+import json
 import os
 import random
 import subprocess
 import sys
 import tempfile
+import threading
 
 import pytest
 
@@ -83,15 +85,96 @@ def char_vocab_size(data_dir: str) -> int:
     return read_meta(data_dir)["vocab_size"]
 
 
+# A Python that has imported torch once and forks a child per job, which runs the script as `python script`
+# would (as __main__, its folder first on sys.path, stdin empty, uncaught exceptions through sys.excepthook, exit
+# status as the interpreter sets it, killed at the timeout). Each job saves torch's import, about a second.
+WARM = r"""
+import atexit, json, os, runpy, signal, sys, time
+import numpy, torch
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(job["cwd"])
+        os.environ.clear()
+        os.environ.update(job["env"])
+        for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        sys.stdin = open(os.devnull)
+        sys.argv, sys.path[0], code = job["argv"], os.path.dirname(job["argv"][0]), 0
+        try:
+            runpy.run_path(job["argv"][0], run_name="__main__")
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:  # sys.exit("message"): the message on stderr, status 1
+                print(e.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
+            code = 1
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    deadline = time.time() + job["timeout"]
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.time() > deadline:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+    print(os.waitstatus_to_exitcode(done[1]), flush=True)
+"""
+
+
+class Warm:
+    """One warm Python (WARM), its jobs run one at a time: run() takes the place of subprocess.run."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", WARM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def run(self, cmd, env, cwd, timeout=180) -> subprocess.CompletedProcess:
+        """cmd ([python, script, args...]) in a process forked from the warm one; its output goes through two
+        temporary files."""
+        handle, out = tempfile.mkstemp(suffix=".stdout")
+        os.close(handle)
+        err = out[:-len(".stdout")] + ".stderr"
+        job = dict(argv=cmd[1:], env=env, cwd=cwd, stdout=out, stderr=err, timeout=timeout)
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        code = int(self.proc.stdout.readline())
+        try:
+            with open(out) as f, open(err) as g:
+                return subprocess.CompletedProcess(cmd, code, f.read(), g.read())
+        finally:
+            os.remove(out)
+            os.remove(err)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
 def run_script(script: str, *args: str, cwd: str, torchrun_procs: int = 0, timeout: int = 300,
                env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run one of the repository's scripts in a fresh Python, under torchrun when torchrun_procs > 0."""
+    """Run one of the repository's scripts in a process of its own: under torchrun when torchrun_procs > 0, in
+    a fresh Python for the prepare scripts (they start worker processes), else forked from a warm Python."""
     launcher = [sys.executable]
     if torchrun_procs:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun_procs}"]
     full_env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(launcher + [os.path.join(ROOT, script), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    cmd = launcher + [os.path.join(ROOT, script), *args]
+    if torchrun_procs or script.startswith("data/"):
+        return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    with WARM_LOCK:
+        global warm
+        if warm is None:
+            warm = Warm()
+        return warm.run(cmd, full_env, str(cwd), timeout)
+
+
+warm, WARM_LOCK = None, threading.Lock()  # run_script's warm Python, made at its first use
 
 
 def tiny_args(data_dir, out_dir, **overrides) -> list[str]:

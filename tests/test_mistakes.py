@@ -5,10 +5,9 @@ rows expect exit 0 and no error line, and the same untouched files.
 
 Every case gets its own copy of the finished run and of the dataset, so the cases run two at a time (the
 machine's two cores) and a changed file is pinned on the case that changed it. Each runs in a process of its
-own, forked from a Python that has already imported torch (see WARM)."""
+own, forked from a Python that has already imported torch (conftest.Warm)."""
 import concurrent.futures
 import hashlib
-import json
 import os
 import queue
 import re
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from conftest import ROOT, load_module, made_up_text
+from conftest import ROOT, Warm, load_module, made_up_text
 
 pytestmark = pytest.mark.slow  # about 100 script runs, two at a time
 
@@ -368,62 +367,6 @@ def good(tmp_path_factory):
     assert result.returncode == 0, result.stderr
     assert {"ckpt.pt", "best.pt", "metrics.csv", "config.json", "run.json", "summary.json", "run.lock"} <= set(os.listdir(run))
     return data, run
-
-
-# A Python that has imported torch once and forks a child per case, which runs the script as `python script`
-# would (as __main__, its folder first on sys.path, uncaught exceptions through sys.excepthook, exit status as
-# the interpreter sets it). It saves each case torch's import, about half of a refused run's time.
-WARM = r"""
-import atexit, json, os, runpy, signal, sys, time
-import numpy, torch
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        os.chdir(job["cwd"])
-        os.environ.clear()
-        os.environ.update(job["env"])
-        for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv, sys.path[0], code = job["argv"], os.path.dirname(job["argv"][0]), 0
-        try:
-            runpy.run_path(job["argv"][0], run_name="__main__")
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 0 if e.code is None else (print(e.code, file=sys.stderr), 1)[1]
-        except BaseException:
-            sys.excepthook(*sys.exc_info())
-            code = 1
-        atexit._run_exitfuncs()
-        sys.stdout.flush(), sys.stderr.flush()
-        os._exit(code)
-    deadline = time.time() + job["timeout"]
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.time() > deadline:
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.02)
-    print(os.waitstatus_to_exitcode(done[1]), flush=True)
-"""
-
-
-class Warm:
-    """One warm Python (WARM), its jobs run one at a time: run() takes the place of subprocess.run."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", WARM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-    def run(self, cmd, env, cwd, timeout=180) -> subprocess.CompletedProcess:
-        out, err = os.path.join(cwd, "case.stdout"), os.path.join(cwd, "case.stderr")
-        job = dict(argv=cmd[1:], env=env, cwd=cwd, stdout=out, stderr=err, timeout=timeout)
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        code = int(self.proc.stdout.readline())
-        with open(out) as f, open(err) as g:
-            return subprocess.CompletedProcess(cmd, code, f.read(), g.read())
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait()
 
 
 def run_case(case: Case, data: str, run: str, base: str, warm: "Warm") -> dict:
