@@ -111,6 +111,26 @@ def setup_distributed(ranks: tuple[int, int, int] | None, device: str, backend: 
     return rank, local_rank, world_size, device
 
 
+def on_rank0(fn, rank: int, world_size: int):
+    """fn() on rank 0 only, and its result there (None on the other ranks). A UserError it raises stops every
+    rank with its message: a check only rank 0 can make (of its files, say) must stop them all, or the others
+    run on into a collective that rank 0 never joins and die there with a traceback."""
+    result, failure = None, None
+    if rank == 0:
+        try:
+            result = fn()
+        except UserError as e:
+            failure = str(e)
+    if world_size > 1:
+        import torch.distributed as dist
+        box = [failure]
+        dist.broadcast_object_list(box, src=0)
+        failure = box[0]
+    if failure:
+        raise UserError(failure)
+    return result
+
+
 def compile_problem(device: str) -> str | None:
     """Why torch.compile cannot work on this device, or None when it does: the compilers it needs are looked
     for, then a two-op function is compiled and run there, so a broken toolchain shows up here, as one line,

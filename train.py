@@ -30,7 +30,7 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
                         check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained, publish_checkpoint,
                         restore_training_state, save_checkpoint, take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook,
-                    launcher_ranks, peak_flops, resolve_dtype, setup_distributed)
+                    launcher_ranks, on_rank0, peak_flops, resolve_dtype, setup_distributed)
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
@@ -288,8 +288,8 @@ if __name__ == "__main__":
     if checkpoint is not None:
         check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
     codec = dataset_codec(data["dir"]) if hellaswag_interval or (sample_interval and master_process) else None
-    if sample_interval and master_process:
-        codec[0](sample_prompt)  # a prompt the dataset cannot encode fails now, not at the first sample
+    if sample_interval:  # a prompt the dataset cannot encode fails now, not at the first sample
+        on_rank0(lambda: codec[0](sample_prompt), rank, world_size)
     hellaswag = None  # (items, encode) when HellaSwag is scored during training
     if hellaswag_interval:
         hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])
@@ -415,22 +415,14 @@ if __name__ == "__main__":
         rank 0 cannot save, every rank stops with its message."""
         rng_states = gather_rng_states(device_type, world_size)
         model_state, optimizer_state = full_state(raw_model, optimizer)  # gathered from every rank under FSDP
-        failure = None
-        if master_process:
+
+        def write():
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
-            try:
-                save_checkpoint(training_state(model_state, optimizer_state, scaler, model_args, config, progress, rng_states,
-                                               wandb_run_id, evaluated, data["vocabulary"]), os.path.join(out_dir, "ckpt.pt"))
-                publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
-                report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
-            except UserError as e:
-                failure = str(e)
-        if ddp:  # the other ranks learn of it here, not from a broken connection at the next collective
-            box = [failure]
-            dist.broadcast_object_list(box, src=0)
-            failure = box[0]
-        if failure:
-            raise UserError(failure)
+            save_checkpoint(training_state(model_state, optimizer_state, scaler, model_args, config, progress, rng_states,
+                                           wandb_run_id, evaluated, data["vocabulary"]), os.path.join(out_dir, "ckpt.pt"))
+            publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
+            report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
+        on_rank0(write, rank, world_size)
 
     if eval_only:  # one evaluation into eval.json; the run's metrics, summary, config and run.json stay as they are
         losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
@@ -445,8 +437,7 @@ if __name__ == "__main__":
         sys.exit(0)
 
     # ---- the run's files are written only now that every input has been checked
-    if master_process:
-        stale_files = check_new_run(out_dir, overwrite) if init_from != "resume" else []
+    stale_files = on_rank0(lambda: check_new_run(out_dir, overwrite) if init_from != "resume" else [], rank, world_size)
     wandb_run_id = report.start(
         config, dict(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
                      tokens_per_iter=tokens_per_iter, start_iter=iter_num),
