@@ -248,7 +248,7 @@ def model_of(cfg: dict) -> tuple[str, str, object, GPT]:
     model = GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS}))
     if cfg["fp8"]:
         check_fp8(cfg["device"])
-        use_fp8(model)
+        use_fp8(model, cfg["batch_size"] * cfg["block_size"])
     return device_type, dtype, autocast_context(device_type, dtype), model.to(cfg["device"])
 
 

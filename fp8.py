@@ -4,7 +4,7 @@ through torch._scaled_mm, each operand with one scale per tensor taken from its 
 (dynamic scaling, so no history to keep in checkpoints). Activations and weights are cast to e4m3 (more
 precision), gradients to e5m2 (more range), the split of the FP8 formats paper (Micikevicius et al., 2022);
 the products accumulate in fp32 and come out in the autocast dtype. Embeddings, norms and the output head
-stay in bf16: the head's logits are where low precision would cost the most.
+stay out of fp8, in the run's dtype: the head's logits are where low precision would cost the most.
 
 The weights themselves are untouched (fp32 masters under the same names): checkpoints, resume, sampling
 and export never know that fp8 was used. NVIDIA GPUs of compute capability 8.9 and up (Ada, Hopper) run
@@ -78,10 +78,14 @@ class Fp8Linear(nn.Linear):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def use_fp8(model: nn.Module) -> int:
+def use_fp8(model: nn.Module, tokens: int) -> int:
     """Turn the Linear layers inside the transformer blocks into Fp8Linear, in place, and return how many.
     Only the class changes, so parameters (and an optimizer already holding them) and state_dict names stay
-    as they are. _scaled_mm needs both sides of each matrix to be multiples of 16."""
+    as they are. On GPUs _scaled_mm needs the sides of each matrix, and the tokens of a micro-batch (`tokens`,
+    batch_size * block_size, the inner size of the weight gradient's matmul), to be multiples of 16."""
+    if tokens % 16:
+        raise UserError(f"fp8=True needs batch_size * block_size to be a multiple of 16, and it is {tokens}: change "
+                        "batch_size or block_size, or set --fp8=False")
     layers = [(name, m) for name, m in model.transformer.h.named_modules() if type(m) is nn.Linear]
     for name, m in layers:
         if m.in_features % 16 or m.out_features % 16:

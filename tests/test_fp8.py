@@ -43,12 +43,14 @@ def test_use_fp8_converts_the_blocks_linears_only_and_keeps_the_state_dict():
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, mlp="swiglu", n_kv_head=1))
     names = list(model.state_dict())
     params = [id(p) for p in model.parameters()]
-    assert use_fp8(model) == 2 * 4  # q/k/v, attention out, MLP in, MLP out per block
+    assert use_fp8(model, 8 * 16) == 2 * 4  # q/k/v, attention out, MLP in, MLP out per block
     assert list(model.state_dict()) == names and [id(p) for p in model.parameters()] == params
     assert type(model.lm_head) is torch.nn.Linear
     assert {type(m) for m in model.transformer.h.modules() if isinstance(m, torch.nn.Linear)} == {Fp8Linear}
     with pytest.raises(UserError, match="multiples of 16"):
-        use_fp8(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=40, block_size=16, vocab_size=64)))
+        use_fp8(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=40, block_size=16, vocab_size=64)), 8 * 16)
+    with pytest.raises(UserError, match="batch_size \\* block_size to be a multiple of 16, and it is 100"):
+        use_fp8(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64)), 100)
 
 
 def test_a_model_trained_in_fp8_follows_the_fp32_one():
@@ -61,7 +63,7 @@ def test_a_model_trained_in_fp8_follows_the_fp32_one():
         torch.manual_seed(0)
         model = GPT(config)
         if fp8:
-            use_fp8(model)
+            use_fp8(model, 8 * 32)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         losses = []
         for _ in range(50):
