@@ -347,6 +347,9 @@ if __name__ == "__main__":
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     report.print(f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps x "
                  f"{batch_size} sequences x {block_size} tokens)")
+    if fp8:
+        report.print(f"fp8: {use_fp8(model, batch_size * block_size)} matmuls in the blocks run in float8, the "
+                     f"head in {dtype}")
     needs = plan(model, **planned)
     report.print(describe(needs, free))
     if dry_run:
@@ -360,8 +363,6 @@ if __name__ == "__main__":
             dist.barrier()
             dist.destroy_process_group()
         sys.exit(0)
-    if fp8:
-        report.print(f"fp8: {use_fp8(model)} matmuls in the blocks run in float8, the head in {dtype}")
     model.to(device)
     if fsdp:
         shard(model, dtype)  # before the optimizer is made: it must hold the shards
