@@ -107,15 +107,15 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
     return {**parts, "total": sum(parts.values())}
 
 
-def free_bytes(device: str) -> int | None:
-    """Memory free for this process on device: the GPU's free memory, or the host's available memory (Linux);
-    None where it cannot be known."""
+def free_bytes(device: str, processes: int = 1) -> int | None:
+    """Memory free for this process on device: the GPU's free memory, or the host's available memory (Linux)
+    divided among the `processes` of this node that share it; None where it cannot be known."""
     if torch.device(device).type == "cuda":
         return torch.cuda.mem_get_info(torch.device(device))[0]
     if torch.device(device).type == "cpu" and os.path.exists("/proc/meminfo"):
         with open("/proc/meminfo") as f:
             fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
+        return int(fields["MemAvailable"].split()[0]) * 1024 // processes
     return None
 
 

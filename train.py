@@ -331,7 +331,7 @@ if __name__ == "__main__":
     # the memory plan: what training will hold per device, checked against what is free before anything is big
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type)
-    free = free_bytes(device)
+    free = free_bytes(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if batch_size == "auto":
         batch_size = largest_batch(model, planned, free) if free is not None else None
         if ddp:  # every process must take the same micro-batch: the one that fits on all of them
