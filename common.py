@@ -115,18 +115,21 @@ def on_rank0(fn, rank: int, world_size: int):
     """fn() on rank 0 only, and its result there (None on the other ranks). A UserError it raises stops every
     rank with its message: a check only rank 0 can make (of its files, say) must stop them all, or the others
     run on into a collective that rank 0 never joins and die there with a traceback."""
-    result, failure = None, None
+    result, error = None, None
     if rank == 0:
         try:
             result = fn()
         except UserError as e:
-            failure = str(e)
+            error = e
+    failure = None if error is None else str(error)
     if world_size > 1:
         import torch.distributed as dist
         box = [failure]
         dist.broadcast_object_list(box, src=0)
         failure = box[0]
-    if failure:
+    if error is not None:
+        raise error  # rank 0 raises its own, traceback and all (NANOGPT_TRACEBACK=1 shows it)
+    if failure is not None:
         raise UserError(failure)
     return result
 
