@@ -86,44 +86,52 @@ def char_vocab_size(data_dir: str) -> int:
 
 
 # A Python that has imported torch once and forks a child per job, which runs the script as `python script`
-# would (as __main__, its folder first on sys.path, stdin empty, uncaught exceptions through sys.excepthook, exit
-# status as the interpreter sets it, killed at the timeout). Each job saves torch's import, about a second.
+# would: as __main__, its folder first on sys.path, stdin empty, numpy's global RNG freshly seeded (Python's
+# `random` reseeds itself after a fork), uncaught exceptions through sys.excepthook, threads joined and atexit
+# run, the exit status the interpreter would give. A job past its timeout is killed and reported as such. What
+# differs: torch read OMP_NUM_THREADS once, at its import here (1, as run_script gives every script anyway).
+# Each job saves torch's import, about a second.
 WARM = r"""
-import atexit, json, os, runpy, signal, sys, time
+import atexit, json, os, runpy, signal, sys, threading, time
 import numpy, torch
 for line in sys.stdin:
     job = json.loads(line)
     pid = os.fork()
     if pid == 0:
-        os.chdir(job["cwd"])
-        os.environ.clear()
-        os.environ.update(job["env"])
-        for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        sys.stdin = open(os.devnull)
-        sys.argv, sys.path[0], code = job["argv"], os.path.dirname(job["argv"][0]), 0
+        code = 1
         try:
-            runpy.run_path(job["argv"][0], run_name="__main__")
-        except SystemExit as e:
-            if e.code is None or isinstance(e.code, int):
-                code = e.code or 0
-            else:  # sys.exit("message"): the message on stderr, status 1
-                print(e.code, file=sys.stderr)
-                code = 1
-        except BaseException:
-            sys.excepthook(*sys.exc_info())
-            code = 1
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    deadline = time.time() + job["timeout"]
+            os.chdir(job["cwd"])
+            os.environ.clear()
+            os.environ.update(job["env"])
+            for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            sys.stdin = open(os.devnull)
+            sys.argv, sys.path[0] = job["argv"], os.path.dirname(job["argv"][0])
+            numpy.random.seed()
+            try:
+                runpy.run_path(job["argv"][0], run_name="__main__")
+                code = 0
+            except SystemExit as e:
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:  # sys.exit("message"): the message on stderr, status 1
+                    print(e.code, file=sys.stderr)
+            except BaseException:
+                sys.excepthook(*sys.exc_info())
+            threading._shutdown()  # as the interpreter does at exit: wait for non-daemon threads, then atexit
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)  # never back into this loop
+    deadline, timed_out = time.time() + job["timeout"], False
     while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
         if time.time() > deadline:
             os.kill(pid, signal.SIGKILL)
+            timed_out = True
         time.sleep(0.02)
-    print(os.waitstatus_to_exitcode(done[1]), flush=True)
+    print(json.dumps({"code": os.waitstatus_to_exitcode(done[1]), "timed_out": timed_out}), flush=True)
 """
 
 
@@ -143,13 +151,16 @@ class Warm:
         job = dict(argv=cmd[1:], env=env, cwd=cwd, stdout=out, stderr=err, timeout=timeout)
         self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
-        code = int(self.proc.stdout.readline())
+        status = json.loads(self.proc.stdout.readline())
         try:
             with open(out) as f, open(err) as g:
-                return subprocess.CompletedProcess(cmd, code, f.read(), g.read())
+                stdout, stderr = f.read(), g.read()
         finally:
             os.remove(out)
             os.remove(err)
+        if status["timed_out"]:  # as subprocess.run would: a hang fails the test that waited for it
+            raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(cmd, status["code"], stdout, stderr)
 
     def close(self):
         self.proc.stdin.close()
