@@ -68,11 +68,14 @@ def test_fp8_compiled_training_on_the_gpu_follows_bf16(gpu_data, tmp_path):
     losses = {}
     for fp8 in (False, True):
         out = tmp_path / f"fp8_{fp8}"
-        result = run_script("train.py", *gpu_args(gpu_data, out, compile=True, dropout=0.0, fp8=fp8), cwd=tmp_path)
+        result = run_script("train.py", *gpu_args(gpu_data, out, compile=True, dropout=0.0, fp8=fp8, max_iters=40,
+                                                  eval_interval=40), cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         losses[fp8] = step_losses(read_metrics(out))
+    assert sorted(losses[True]) == list(range(1, 41))
     assert all(abs(losses[True][i] - losses[False][i]) < 0.1 * losses[False][i] for i in losses[False])
-    assert losses[True][max(losses[True])] < losses[True][min(losses[True])] - 0.5
+    first, last = [losses[True][i] for i in range(1, 6)], [losses[True][i] for i in range(36, 41)]
+    assert sum(last) / 5 < sum(first) / 5 - 0.15  # it learns, as bf16 does in the test below
 
 
 def test_resume_on_the_gpu_continues_an_unbroken_run(gpu_data, tmp_path):
