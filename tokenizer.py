@@ -100,7 +100,8 @@ def codec(vocab: dict | None):
         def encode(text: str) -> list[int]:
             missing = sorted(set(text) - set(stoi))
             if missing:
-                raise UserError(f"the prompt has characters the dataset does not: {missing}")
+                raise UserError(f"the prompt has characters the dataset does not: {missing}: write it with the "
+                                "characters the model was trained on")
             return [stoi[c] for c in text]
 
         return encode, lambda ids: "".join(chars[i] if i < len(chars) else "<|endoftext|>" for i in ids)
