@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from common import UserError
+from model import compute_dtype
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -32,9 +33,8 @@ def check_fp8(device: str):
 def to_fp8(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """t in the fp8 `dtype`, scaled so that its largest magnitude lands on the format's largest, and the
     reciprocal of that scale, which _scaled_mm multiplies back in."""
-    amax = t.detach().abs().amax().float().clamp(min=1e-12)  # on the device: no sync
-    scale = torch.finfo(dtype).max / amax
     limit = torch.finfo(dtype).max
+    scale = limit / t.detach().abs().amax().float().clamp(min=1e-12)  # on the device: no sync
     return (t.float() * scale).clamp(-limit, limit).to(dtype), scale.reciprocal()
 
 
@@ -69,9 +69,7 @@ class Fp8Linear(nn.Linear):
     """nn.Linear whose matmul runs in fp8 (see Fp8Matmul); the bias is added in the output dtype."""
 
     def forward(self, x):
-        device_type = x.device.type
-        autocast = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-        out_dtype = torch.get_autocast_dtype(device_type) if autocast else x.dtype
+        out_dtype = compute_dtype(x)
         y = Fp8Matmul.apply(x.reshape(-1, x.size(-1)), self.weight, out_dtype)
         if self.bias is not None:
             y = y + self.bias.to(out_dtype)

@@ -187,6 +187,14 @@ def no_autocast(device_type: str):
     return torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) else nullcontext()
 
 
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of t runs in here: autocast's where it is on for t's device, else t's own. For code
+    that turns autocast off and casts by hand (the chunked loss, fp8.py)."""
+    device_type = t.device.type  # the meta device, which memory.py traces on, has no autocast
+    on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    return torch.get_autocast_dtype(device_type) if on else t.dtype
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of logits = h @ weight.T against targets (-1 ignored), computed `chunk` rows at a
     time and recomputed in the backward pass, so the (rows, vocab) logits, in fp32 the largest tensor of a
@@ -195,8 +203,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, chunk: int):
-        autocast = torch.amp.is_autocast_available(h.device.type)  # not on the meta device, which memory.py traces on
-        dtype = torch.get_autocast_dtype(h.device.type) if autocast and torch.is_autocast_enabled(h.device.type) else h.dtype
+        dtype = compute_dtype(h)
         wide = torch.promote_types(h.dtype, torch.float32)
         with no_autocast(h.device.type):
             hc, wc = h.to(dtype), weight.to(dtype)
