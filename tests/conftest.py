@@ -143,8 +143,10 @@ class Warm:
                                      text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
     def run(self, cmd, env, cwd, timeout=180) -> subprocess.CompletedProcess:
-        """cmd ([python, script, args...]) in a process forked from the warm one; its output goes through two
-        temporary files."""
+        """cmd ([python, script, args...]) in a process forked from the warm one, its output through two
+        temporary files; the prepare scripts, which start worker processes, in a fresh Python instead."""
+        if os.path.relpath(cmd[1], ROOT).startswith("data" + os.sep):
+            return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
         handle, out = tempfile.mkstemp(suffix=".stdout")
         os.close(handle)
         err = out[:-len(".stdout")] + ".stderr"
@@ -169,14 +171,14 @@ class Warm:
 
 def run_script(script: str, *args: str, cwd: str, torchrun_procs: int = 0, timeout: int = 300,
                env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run one of the repository's scripts in a process of its own: under torchrun when torchrun_procs > 0, in
-    a fresh Python for the prepare scripts (they start worker processes), else forked from a warm Python."""
+    """Run one of the repository's scripts in a process of its own: under torchrun when torchrun_procs > 0, else
+    through the warm Python (Warm.run)."""
     launcher = [sys.executable]
     if torchrun_procs:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun_procs}"]
     full_env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", **(env or {})}
     cmd = launcher + [os.path.join(ROOT, script), *args]
-    if torchrun_procs or script.startswith("data/"):
+    if torchrun_procs:
         return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     with WARM_LOCK:
         global warm

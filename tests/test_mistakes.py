@@ -383,8 +383,6 @@ def run_case(case: Case, data: str, run: str, base: str, warm: "Warm") -> dict:
     cmd = [sys.executable, os.path.join(ROOT, case.script), *map(fill, case.args)]
     if case.runner:
         result = case.runner(cmd, env, folders)
-    elif case.script.startswith("data/"):  # the prepare scripts start worker processes: a plain Python for them
-        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     else:
         result = warm.run(cmd, env, tmp)
     after = {k: digests(folders[k]) for k in ("run", "data")}
