@@ -87,6 +87,14 @@ def launcher_ranks(env: dict) -> tuple[int, int, int] | None:
     return rank, local_rank, world_size
 
 
+def local_processes(env: dict) -> int:
+    """How many processes of this run share this node (torchrun's LOCAL_WORLD_SIZE; 1 without torchrun)."""
+    raw = env.get("LOCAL_WORLD_SIZE", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise UserError(f"LOCAL_WORLD_SIZE must be a positive integer, not {raw!r}: launch with torchrun, which sets it")
+    return int(raw)
+
+
 def setup_distributed(ranks: tuple[int, int, int] | None, device: str, backend: str,
                       timeout_s: float = 1800) -> tuple[int, int, int, str]:
     """Join the process group when launched by torchrun (ranks from launcher_ranks). Returns (rank, local_rank,

@@ -30,7 +30,7 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
                         check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained, publish_checkpoint,
                         restore_training_state, save_checkpoint, take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook,
-                    launcher_ranks, on_rank0, peak_flops, resolve_dtype, setup_distributed)
+                    launcher_ranks, local_processes, on_rank0, peak_flops, resolve_dtype, setup_distributed)
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
@@ -68,7 +68,7 @@ wandb_run_name = "gpt2"  # wandb run name
 # ---- data
 dataset = "openwebtext"  # a folder under data/, or a path, holding meta.json and token files (or nanoGPT's train.bin, val.bin)
 gradient_accumulation_steps = 5 * 8  # micro-steps per optimizer step, summed over all processes [gradient_accumulation_steps > 0]
-batch_size = 12  # sequences per micro-step per process; 'auto': the largest power of two up to 1024 that the memory plan fits in 85% of the free memory (for GPUs: on a CPU that is the host's RAM), agreed by all processes; a resumed run keeps its checkpoint's [batch_size == 'auto' or batch_size > 0]
+batch_size = 12  # sequences per micro-step per process; 'auto': the largest power of two up to 1024 that the memory plan fits in 85% of the free memory (for GPUs; on a CPU, this process's share of the host's RAM), agreed by all processes; a resumed run keeps its checkpoint's [batch_size == 'auto' or batch_size > 0]
 block_size = 1024  # context length in tokens [block_size > 0]
 # ---- model
 n_layer = 12  # transformer blocks [n_layer > 0]
@@ -226,6 +226,7 @@ if __name__ == "__main__":
         raise UserError("eval_only=True evaluates a trained model: give --init_from=resume (the checkpoint in "
                         "out_dir) or a GPT-2 model")
     ranks = launcher_ranks(os.environ)  # checked before anything else, so a bad environment is one line
+    node_processes = local_processes(os.environ)  # on a CPU they share the host's memory (see the memory plan)
     master_process = ranks is None or ranks[0] == 0  # only rank 0 writes files and prints
     if master_process:
         check_writable(config["out_dir"])
@@ -331,7 +332,7 @@ if __name__ == "__main__":
     # the memory plan: what training will hold per device, checked against what is free before anything is big
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type)
-    free = free_bytes(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    free = free_bytes(device, node_processes)
     if batch_size == "auto":
         batch_size = largest_batch(model, planned, free) if free is not None else None
         if ddp:  # every process must take the same micro-batch: the one that fits on all of them

@@ -202,6 +202,8 @@ CASES = [
          env={"RANK": "zero", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}),
     Case("RANK >= WORLD_SIZE", "train.py", TRAIN, r"RANK=2, LOCAL_RANK=0, WORLD_SIZE=2 do not fit together",
          env={"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}),
+    Case("LOCAL_WORLD_SIZE not a count", "train.py", TRAIN, r"LOCAL_WORLD_SIZE must be a positive integer, not '0'",
+         env={"LOCAL_WORLD_SIZE": "0"}),
     # ---- train.py: out_dir
     Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run \(best.pt, ckpt.pt, metrics.csv, summary.json\): .*--overwrite=True"),
     Case("new run over results without a checkpoint", "train.py", [*TRAIN, "--out_dir={tmp}/other"],
