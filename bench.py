@@ -10,9 +10,11 @@ common.PEAK_FLOPS):
     python bench.py --profile=True                    # writes a torch profiler trace to bench_trace/ instead
 
 Every speed claim is a ratio from one process: --compare times a second config, given as flags on top of
-the first, in alternation with it, and prints the tokens/s ratio with its spread over rounds:
+the first, in alternation with it, and prints the tokens/s ratio with its spread over rounds; several
+configs, separated by ';', are each timed against the first:
 
     python bench.py config/train_shakespeare_char.py --device=cpu --compare="--compile=False"
+    python bench.py --compare="--fp8=True; --loss_chunk=4096; --batch_size=auto"
 
 Generation, with the KV cache against without it (the same tokens, checked):
 
@@ -43,7 +45,7 @@ from model import GPT, GPTConfig
 
 mode = "train"  # 'train' times training steps; 'generate' times sampling with and without the KV cache; 'get_batch' and 'prepare' time the data pipeline [mode in ('train', 'generate', 'get_batch', 'prepare')]
 # ---- data
-batch_size = 12  # sequences per micro-step [batch_size > 0]
+batch_size = 12  # sequences per micro-step; 'auto': the largest power of two whose memory plan fits, as in train.py (one process) [batch_size == 'auto' or batch_size > 0]
 block_size = 1024  # tokens per sequence [block_size > 0]
 gradient_accumulation_steps = 1  # micro-steps per optimizer step, as in train.py (one process here) [gradient_accumulation_steps > 0]
 real_data = False  # sample batches from the dataset's train split instead of random tokens
@@ -78,7 +80,7 @@ sync_every_step = False  # as in train.py: read each step's skip verdict on the 
 # ---- timing
 warmup_steps = 10  # untimed steps first: compilation, allocator and cache warm-up [warmup_steps >= 0]
 num_steps = 20  # timed steps (per round, with compare) [num_steps > 0]
-compare = ""  # flags for a second config to time against this one, in alternation, e.g. "--compile=False"; prints the speed ratio
+compare = ""  # flags for a second config to time against this one, in alternation, e.g. "--compile=False"; prints the speed ratio; several configs separated by ';' are each timed against this one
 rounds = 5  # with compare: rounds of num_steps steps of each config in turn; the ratio's spread is over rounds [rounds > 0]
 gen_tokens = 500  # --mode=generate: new tokens per sample, after a one-token prompt [gen_tokens > 0]
 profile = False  # write a torch profiler trace (bench_trace/, for TensorBoard or Perfetto) instead of timing
@@ -237,15 +239,38 @@ def dataset_vocab_size(dataset: str) -> int | None:
     return meta["vocab_size"] if meta else None
 
 
+def gpt_config(cfg: dict) -> GPTConfig:
+    """The model of the config cfg. vocab_size 0 takes the dataset's vocabulary where it is known, else GPT-2's
+    padded 50304."""
+    vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"]) or 50304
+    return GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS})
+
+
+def auto_batch(cfg: dict) -> int:
+    """batch_size='auto' as train.py takes it for one process: the largest power-of-two micro-batch whose memory
+    plan fits in memory.AUTO_SHARE of the device's free memory."""
+    from common import resolve_dtype
+    from memory import free_bytes, largest_batch
+    device_type = check_device(cfg["device"])
+    with torch.device("meta"):  # the plan needs the shapes only
+        model = GPT(gpt_config(cfg))
+    free = free_bytes(cfg["device"])
+    settings = dict(dtype=resolve_dtype(cfg["dtype"], device_type), optimizer=cfg["optimizer"], world_size=1,
+                    parallelism="ddp", activation_checkpointing=cfg["activation_checkpointing"], device_type=device_type)
+    batch = largest_batch(model, settings, free) if free is not None else None
+    if batch is None:
+        raise UserError("batch_size='auto' found no micro-batch that fits" + ("" if free is None else
+                        f" in {free / 2**30:.2f} GiB free") + ": give --batch_size=N")
+    return batch
+
+
 def model_of(cfg: dict) -> tuple[str, str, object, GPT]:
-    """The device type, dtype and autocast context of the config cfg, and its model, seeded and on the device.
-    vocab_size 0 takes the dataset's vocabulary where it is known, else GPT-2's padded 50304."""
+    """The device type, dtype and autocast context of the config cfg, and its model, seeded and on the device."""
     from common import autocast_context, resolve_dtype
     device_type = check_device(cfg["device"])
     dtype = resolve_dtype(cfg["dtype"], device_type)
     torch.manual_seed(cfg["seed"])
-    vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"]) or 50304
-    model = GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS}))
+    model = GPT(gpt_config(cfg))
     if cfg["fp8"]:
         check_fp8(cfg["device"])
         use_fp8(model, cfg["batch_size"] * cfg["block_size"])
@@ -259,6 +284,9 @@ def build(cfg: dict) -> dict:
     from dataset import get_batch, load_dataset
     from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 
+    if cfg["batch_size"] == "auto":
+        cfg = {**cfg, "batch_size": auto_batch(cfg)}
+        print(f"batch_size auto: {cfg['batch_size']} sequences per micro-step")
     device = cfg["device"]
     device_type, dtype, ctx, model = model_of(cfg)
     vocab = model.config.vocab_size
@@ -285,7 +313,8 @@ def build(cfg: dict) -> dict:
     if problem:
         print(f"warning: compile=True but {problem}: timing without torch.compile", file=sys.stderr)
     how = None if cfg["compile_mode"] == "default" else cfg["compile_mode"]
-    train_model = torch.compile(model, mode=how) if cfg["compile"] and not problem else model
+    # static shapes: a second config with another batch in this process must not turn the first one's graph dynamic
+    train_model = torch.compile(model, mode=how, dynamic=False) if cfg["compile"] and not problem else model
     accum, clip = cfg["gradient_accumulation_steps"], cfg["grad_clip"] or float("inf")
 
     def step(i):
@@ -304,7 +333,8 @@ def build(cfg: dict) -> dict:
 
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
           f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}, fp8 {cfg['fp8']}")
-    return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype}
+    return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype,
+            "batch_size": B}
 
 
 def bench_generate(cfg: dict):
@@ -361,6 +391,70 @@ def warm_up(run: dict, steps: int, label: str):
     print(f"{label}warm-up: {steps} steps in {time.perf_counter() - t0:.1f} s (compilation included)", flush=True)
 
 
+def variants_of(config: dict, compare: str) -> dict[str, dict]:
+    """The configs that --compare names: flags on top of config, several separated by ';'. Labelled B, or
+    B1, B2, ... when there are several."""
+    texts = [text for text in compare.split(";") if text.strip()]
+    configs = []
+    for text in texts:
+        try:
+            flags = shlex.split(text)
+        except ValueError as e:
+            raise UserError(f"compare={compare!r} cannot be read as flags ({e}): e.g. --compare=\"--compile=False\"") from None
+        other = configurator.configure(config, flags, __file__, ignored=TRAINING_ONLY)
+        if other == config:
+            raise UserError(f"compare={compare!r}: {text.strip()!r} changes no setting: give flags such as "
+                            "\"--compile=False\"")
+        configs.append(other)
+    if not configs:
+        raise UserError(f"compare={compare!r} names no config: give flags such as \"--compile=False\"")
+    return {("B" if len(configs) == 1 else f"B{i + 1}"): c for i, c in enumerate(configs)}
+
+
+def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: int, rounds: int):
+    """Config A and the --compare configs, timed in alternation in this one process: each one's tokens/s ratio
+    to A, and its spread over rounds. A config that fails to build or warm up (out of memory, say) is reported
+    and left out, the others go on, and the exit status is 1. Every config is compiled in this process, so
+    Dynamo may recompile the model's code once per config: its limit is raised to match."""
+    others = variants_of(config, compare)
+    changed = sorted({k for c in others.values() for k in c if c[k] != config[k]}, key=list(config).index)
+    for label, c in {"A": config, **others}.items():
+        print(f"{label}: " + ", ".join(f"{k}={c[k]!r}" for k in changed))
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * (len(others) + 1))
+    runs, failed = {}, []
+    for label, c in {"A": config, **others}.items():
+        try:
+            runs[label] = build(c)
+            warm_up(runs[label], warmup_steps, f"{label} ")
+        except Exception as e:  # out of memory, a compile error, fp8 on an older GPU: this config only
+            if label == "A":
+                raise
+            print(f"{label} failed, left out: {type(e).__name__}: {(str(e).strip() or '?').splitlines()[0][:300]}",
+                  flush=True)
+            runs.pop(label, None)
+            failed.append(label)
+        if failed and failed[-1] == label and torch.cuda.is_available():
+            torch.cuda.empty_cache()  # outside the except block, whose traceback held the failed config's tensors
+    times = {label: [] for label in runs}
+    for r in range(rounds):
+        for label, run in runs.items():
+            times[label].append(time_steps(run, warmup_steps + r * num_steps, num_steps)[0])
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{label} {times[label][-1] * 1000:.2f} ms/iter" for label in runs),
+              flush=True)
+    for label, run in runs.items():
+        print(f"{label}: {figures(run, statistics.median(times[label]), config['device'])} (median of {rounds} rounds)")
+    for label in runs:
+        if label == "A":
+            continue
+        # throughput ratio per round (tokens per step may differ between A and B)
+        ratios = sorted(runs[label]["tokens_per_step"] / b / (runs["A"]["tokens_per_step"] / a)
+                        for a, b in zip(times["A"], times[label]))
+        print(f"{label}/A tokens/s: {statistics.median(ratios):.3f}x (min {ratios[0]:.3f}x, max {ratios[-1]:.3f}x over "
+              f"{rounds} rounds of {num_steps} steps, alternating)")
+    if failed:
+        raise UserError(f"{', '.join(failed)} failed to run (see above); the other ratios stand")
+
+
 if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__, ignored=TRAINING_ONLY)
@@ -373,6 +467,8 @@ if __name__ == "__main__":
             print("on a CPU, the model keys left at their defaults are shrunk: "
                   + ", ".join(f"{k}={v}" for k, v in shrunk.items()))
     globals().update(config)
+    if batch_size == "auto" and mode != "train":
+        raise UserError(f"batch_size='auto' plans training memory: give --mode={mode} a number, e.g. --batch_size=12")
     if mode == "get_batch":
         bench_get_batch(batch_size, block_size, token_file_tokens)
         sys.exit(0)
@@ -388,33 +484,8 @@ if __name__ == "__main__":
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
-    if compare:  # two configs, timed in alternation in this one process: their ratio, and its spread over rounds
-        try:
-            flags = shlex.split(compare)
-        except ValueError as e:
-            raise UserError(f"compare={compare!r} cannot be read as flags ({e}): e.g. --compare=\"--compile=False\"") from None
-        other = configurator.configure(config, flags, __file__, ignored=TRAINING_ONLY)
-        changed = {k: v for k, v in other.items() if v != config[k]}
-        if not changed:
-            raise UserError(f"compare={compare!r} changes no setting: give flags such as \"--compile=False\"")
-        print("A: " + ", ".join(f"{k}={config[k]!r}" for k in changed) + "\nB: "
-              + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
-        runs = {"A": build(config), "B": build(other)}
-        for label, run in runs.items():
-            warm_up(run, warmup_steps, f"{label} ")
-        times = {"A": [], "B": []}
-        for r in range(rounds):
-            for label, run in runs.items():
-                times[label].append(time_steps(run, warmup_steps + r * num_steps, num_steps)[0])
-            print(f"round {r + 1}/{rounds}: A {times['A'][-1] * 1000:.2f} ms/iter, B {times['B'][-1] * 1000:.2f} ms/iter",
-                  flush=True)
-        for label, run in runs.items():
-            print(f"{label}: {figures(run, statistics.median(times[label]), device)} (median of {rounds} rounds)")
-        # throughput ratio per round (tokens per step may differ between A and B)
-        ratios = sorted(runs["B"]["tokens_per_step"] / b / (runs["A"]["tokens_per_step"] / a)
-                        for a, b in zip(times["A"], times["B"]))
-        print(f"B/A tokens/s: {statistics.median(ratios):.3f}x (min {ratios[0]:.3f}x, max {ratios[-1]:.3f}x over "
-              f"{rounds} rounds of {num_steps} steps, alternating)")
+    if compare:
+        compare_configs(config, compare, warmup_steps, num_steps, rounds)
         sys.exit(0)
 
     run = build(config)
@@ -434,7 +505,8 @@ if __name__ == "__main__":
         memory_text = ""
         if run["device_type"] == "cuda":  # beside memory.py's plan for the same step, which train.py checks runs against
             from memory import plan
-            planned = plan(run["model"], batch_size, run["dtype"], optimizer, 1, "ddp", activation_checkpointing, "cuda")
+            planned = plan(run["model"], run["batch_size"], run["dtype"], optimizer, 1, "ddp", activation_checkpointing,
+                           "cuda")
             memory_text = (f", peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB (planned "
                            f"{planned['total'] / 2**30:.2f} GiB)")
         print(f"{figures(run, dt, device)}{mfu_text}{memory_text}; final loss {loss.item():.4f}")

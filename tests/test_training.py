@@ -184,6 +184,22 @@ def test_bench_takes_a_training_config_and_compares_two_configs_in_one_process(c
     assert ratio and float(ratio[2]) <= float(ratio[1]) <= float(ratio[3])
 
 
+def test_bench_compares_several_configs_in_one_process_and_leaves_out_one_that_fails(tmp_path):
+    """Each ';'-separated config against A; one that cannot be built (fp8 with a width that is no multiple of 16)
+    is reported and left out, the others' ratios stand, and the exit status says something failed."""
+    result = run_script("bench.py", "--device=cpu", "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32",
+                        "--block_size=32", "--batch_size=4", "--vocab_size=64", "--warmup_steps=1", "--num_steps=2",
+                        "--rounds=2", "--compare=--loss_chunk=40; --fp8=True --n_embd=40; --batch_size=auto",
+                        cwd=str(tmp_path))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == "error: B2 failed to run (see above); the other ratios stand"
+    assert re.search(r"^B2 failed, left out: UserError: .*16", result.stdout, re.M)
+    assert re.search(r"^round 2/2: A [\d.]+ ms/iter, B1 [\d.]+ ms/iter, B3 [\d.]+ ms/iter$", result.stdout, re.M)
+    chosen = int(re.search(r"^batch_size auto: (\d+) sequences", result.stdout, re.M)[1])
+    assert chosen >= 4 and chosen & (chosen - 1) == 0  # a power of two, from the host's free memory
+    assert re.search(rf"^B3: .* tokens/s .*\nB1/A tokens/s: [\d.]+x .*\nB3/A tokens/s: [\d.]+x", result.stdout, re.M)
+
+
 def test_every_train_setting_is_a_bench_setting_or_declared_irrelevant_to_speed():
     import bench
     import train
