@@ -4,8 +4,8 @@
 # it trains on a CPU in a few minutes. First run: python data/shakespeare_char/prepare.py
 #   python train.py config/train_llama_char.py
 # On a GPU, scale it up like config/train_shakespeare_char.py, e.g. --device=cuda --compile=True
-#   --n_layer=6 --n_head=6 --n_kv_head=2 --n_embd=384 --block_size=256 --batch_size=64 --max_iters=5000
-#   --lr_decay_iters=5000 --eval_iters=200
+#   --n_layer=6 --n_head=6 --n_kv_head=2 --n_embd=384 --block_size=256 --batch_size=64 --dropout=0.2
+#   --max_iters=5000 --lr_decay_iters=5000 --eval_iters=200 (scripts/gpu_suite.py runs it so, for 2000 steps)
 
 out_dir = "out-llama-char"
 eval_interval = 250

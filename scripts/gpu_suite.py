@@ -1,19 +1,26 @@
 """
-The GPU suite: checks and times everything that needs a GPU in one command, for short borrowed slots.
+The GPU suite: checks and times everything that needs a GPU, for short borrowed slots.
 
-    python scripts/gpu_suite.py --out=gpu_results            # everything (about 8 minutes on one H100)
-    python scripts/gpu_suite.py --out=gpu_results --only=tests,char
+    python scripts/gpu_suite.py --out=gpu_results                 # what fits in --budget seconds (480: 8 minutes)
+    python scripts/gpu_suite.py --out=gpu_results --only=options,autotune --budget=560
     python scripts/gpu_suite.py --out=gpu_results --nanogpt=PATH   # also time nanoGPT's train.py beside ours
 
-Each step runs in its own process; its row goes to <out>/table.md and its output into <out>/logs.tar.gz
-(one file, so it comes back from a remote machine); runs and data go to a scratch folder, --work.
-Without a GPU the same command runs a reduced version on the CPU (tiny models, few steps, no compile
-modes), so the suite is exercised by the test suite and never rots between GPU slots.
+Steps, in order: env; checks (the CUDA tests and the Shakespeare char runs, side by side on the GPU, since only
+their results count; meanwhile GPT-2 124M's timed configs are compiled once to fill the compile caches); gpt2
+(batch 12, the memory plan's batch and twice that); fastpaths and options (each speed setting and each model
+option against GPT-2 124M, from one bench.py --compare each); autotune; nanogpt. A step that would not end
+inside the budget is not started: its row says so and names the --only that runs it next.
+
+Each row goes to <out>/table.md as it is made, and every step's output into <out>/logs.tar.gz, so a call that
+is cut off still brings back what it did. Runs and data go to a scratch folder, --work. Without a GPU the same
+command runs a reduced version on the CPU (tiny models, few steps), so the test suite exercises it and it
+never rots between GPU slots.
 """
 import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -21,77 +28,109 @@ import tarfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ["env", "tests", "char", "gpt2", "fastpaths", "converge", "nanogpt"]
+STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "autotune", "nanogpt"]
+# Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
+# 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
+# the logs of the next run. The budget starts no step that would not end in time.
+GPU_SECONDS = {"env": 15, "checks": 200, "gpt2": 100, "fastpaths": 150, "options": 150, "autotune": 240, "nanogpt": 100}
 ON_GPU = False  # set in __main__: whether this machine has CUDA (else the reduced CPU version runs)
+FP8_GPU = False  # and whether it has fp8 matmuls (compute capability 8.9+)
+LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
 
 
 class Suite:
-    def __init__(self, out: str, work: str):
+    def __init__(self, out: str, work: str, budget: float):
         self.out, self.work, self.rows = out, work, []
+        self.deadline = time.time() + budget
         os.makedirs(out, exist_ok=True)
         os.makedirs(os.path.join(work, "logs"), exist_ok=True)
 
-    def run(self, name: str, cmd: list[str], timeout: int, cwd: str = ROOT) -> tuple[int, str]:
-        """Run cmd, log its output to logs/<name>.log; returns (exit code, output). A timeout is exit code 124."""
-        t0 = time.time()
-        env = {**os.environ, "WANDB_MODE": "disabled"}
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def start(self, name: str, cmd: list[str], cwd: str = ROOT, env: dict | None = None) -> dict:
+        """Start cmd with its output going to logs/<name>.log."""
+        log = os.path.join(self.work, "logs", f"{name}.log")
+        f = open(log, "w")
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env={**os.environ, "WANDB_MODE": "disabled", **(env or {})})
+        return {"name": name, "proc": proc, "log": log, "file": f, "t0": time.time()}
+
+    def wait(self, job: dict, timeout: float) -> tuple[int, str]:
+        """Wait for a started job, killing it and every process it started past timeout (or the budget's end);
+        returns (exit code, output). A job stopped that way exits with 124."""
         try:
-            proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-            code, output = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as e:
-            code, output = 124, (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
-        with open(os.path.join(self.work, "logs", f"{name}.log"), "w") as f:
-            f.write(f"$ {' '.join(cmd)}\n# exit {code} after {time.time() - t0:.0f} s\n{output}")
-        print(f"[{time.strftime('%H:%M:%S')}] {name}: exit {code} after {time.time() - t0:.0f} s", flush=True)
+            code = job["proc"].wait(timeout=max(1.0, min(timeout, self.left())))
+        except subprocess.TimeoutExpired:
+            os.killpg(job["proc"].pid, signal.SIGKILL)  # its own session: its children go too
+            job["proc"].wait()
+            code = 124
+        seconds = time.time() - job["t0"]
+        with open(job["log"]) as f:
+            output = f.read().split("\n", 1)[1]  # after the command line
+        job["file"].write(f"\n# exit {code} after {seconds:.0f} s\n")
+        job["file"].close()
+        print(f"[{time.strftime('%H:%M:%S')}] {job['name']}: exit {code} after {seconds:.0f} s", flush=True)
         return code, output
 
-    def row(self, check: str, ok: bool, figures: str):
-        self.rows.append(f"| {check} | {'ok' if ok else 'FAILED'} | {figures} |")
-        self.write()
+    def run(self, name: str, cmd: list[str], timeout: float, cwd: str = ROOT) -> tuple[int, str]:
+        return self.wait(self.start(name, cmd, cwd), timeout)
 
-    def write(self):
+    def row(self, check: str, ok: bool | None, figures: str):
+        """A row of the table; ok None is a step the budget left out. The table and the logs are written at once."""
+        self.rows.append(f"| {check} | {'not run' if ok is None else 'ok' if ok else 'FAILED'} | {figures} |")
         with open(os.path.join(self.out, "table.md"), "w") as f:
             f.write("| check | result | figures |\n| --- | --- | --- |\n" + "\n".join(self.rows) + "\n")
-
-    def finish(self):
         with tarfile.open(os.path.join(self.out, "logs.tar.gz"), "w:gz") as tar:
             tar.add(os.path.join(self.work, "logs"), arcname="logs")
-        print("\n" + open(os.path.join(self.out, "table.md")).read())
 
 
+# ---- bench.py's output
 BENCH_LINE = re.compile(r"([\d.]+) ms/iter, ([\d,]+) tokens/s(?:, MFU ([\d.]+)%)?(?:, peak memory ([\d.]+) GiB)?")
+CONFIG_LINE = re.compile(r"^(A|B\d*): ([\d.]+) ms/iter, ([\d,]+) tokens/s(?:, MFU ([\d.]+)%)? \(median", re.M)
+RATIO_LINE = re.compile(r"^(B\d*)/A tokens/s: ([\d.]+)x \(min ([\d.]+)x, max ([\d.]+)x", re.M)
 
 
-def bench(suite: Suite, name: str, args: list[str], timeout: int = 300) -> dict | None:
-    """One bench.py run; its figures, or None when it failed."""
-    code, output = suite.run(name, [sys.executable, "bench.py", *args], timeout)
-    match = BENCH_LINE.search(output) if code == 0 else None
-    if not match:
-        return None
-    ms, tps, mfu, mem = match.groups()
-    return {"ms": float(ms), "tokens_per_s": float(tps.replace(",", "")), "mfu": float(mfu) if mfu else None,
-            "peak_gib": float(mem) if mem else None}
+def bench_text(ms: str, tps: str, mfu: str | None, peak: str | None = None) -> str:
+    return (f"{float(ms):.1f} ms/iter, {float(tps.replace(',', '')):,.0f} tok/s" + (f", MFU {mfu}%" if mfu else "")
+            + (f", peak {float(peak):.1f} GiB" if peak else ""))
 
 
-def bench_text(r: dict) -> str:
-    return (f"{r['ms']:.1f} ms/iter, {r['tokens_per_s']:,.0f} tok/s"
-            + (f", MFU {r['mfu']:.1f}%" if r["mfu"] is not None else "")
-            + (f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] is not None else ""))
+def bench_args() -> list[str]:
+    """GPT-2 124M at 12 x 1024 in bf16 with compile on a GPU; bench.py's small CPU model, eager, on a CPU."""
+    return [] if ON_GPU else ["--device=cpu", "--compile=False", "--vocab_size=512", "--warmup_steps=1"]
 
 
+def compare(suite: Suite, name: str, rows: list[tuple[str, str, bool]]):
+    """One bench.py --compare of GPT-2 124M's defaults (A) against each (what, flags, invert) of rows, alternating
+    in one process; a row each. invert: the row's ratio is A over B (B is the setting turned off)."""
+    steps = ["--num_steps=20", "--rounds=5"] if ON_GPU else ["--num_steps=2", "--rounds=2"]
+    code, output = suite.run(name, [sys.executable, "bench.py", *bench_args(), *steps,
+                                    "--compare=" + "; ".join(flags for _, flags, _ in rows)], 600)
+    figures = {m[1]: m.groups()[1:] for m in CONFIG_LINE.finditer(output)}
+    ratios = {m[1]: [float(x) for x in m.groups()[1:]] for m in RATIO_LINE.finditer(output)}
+    for i, (what, flags, invert) in enumerate(rows):
+        label = "B" if len(rows) == 1 else f"B{i + 1}"
+        if label not in ratios:
+            suite.row(what, False, f"`{flags}`: did not run, see logs/{name}.log" + (" (stopped at the budget)" if code == 124 else ""))
+            continue
+        median, low, high = ratios[label]
+        if invert:
+            median, low, high = 1 / median, 1 / high, 1 / low
+        suite.row(what, True, f"{median:.3f}x tokens/s (min {low:.3f}x, max {high:.3f}x over rounds, one process); "
+                              f"`{flags}`: {bench_text(*figures[label])}, A: {bench_text(*figures['A'])}")
+
+
+# ---- the steps
 def step_env(suite: Suite, args):
     code, output = suite.run("env", [sys.executable, "-c", (
         "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, "
         "'cuda', torch.version.cuda); print('gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0), "
         "torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else print('no GPU: the reduced CPU suite')")],
                              120)
-    suite.row("environment", code == 0, " / ".join(output.strip().splitlines()[-3:]))
-
-
-def step_tests(suite: Suite, args):
-    code, output = suite.run("tests", [sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_cuda.py"], 600)
-    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", line)]
-    suite.row("CUDA tests (tests/test_cuda.py)", code == 0, summary[-1].strip("= ") if summary else "no summary")
+    suite.row("environment", code == 0, " / ".join(output.strip().splitlines()))
 
 
 def char_data(suite: Suite, args) -> str | None:
@@ -102,101 +141,182 @@ def char_data(suite: Suite, args) -> str | None:
     if not os.path.isfile(os.path.join(data, "meta.json")):
         code, _ = suite.run("char_prepare", [sys.executable, "data/shakespeare_char/prepare.py", "--out_dir", data], 300)
         if code:
-            suite.row("Shakespeare char prepare", False, "see logs/char_prepare.log")
             return None
     return data
 
 
-def char_run(suite: Suite, args, name: str, extra: list[str]) -> dict | None:
-    """The Shakespeare char recipe for --char_iters steps (bf16 + compile on a GPU, a tiny fp32 model on a
-    CPU); its summary.json, or None when it failed."""
-    data = char_data(suite, args)
-    if data is None:
+# the Shakespeare char runs: (name, config file, flags); the GPU runs are the recipe (6 layers, batch 64 x 256,
+# bf16, compile), the CPU runs a tiny fp32 model. fast: the defaults plus the chunked loss; plain: a host sync
+# every step, full logits, eager; plain_seed: the same with another seed, for the noise between runs.
+GPU_CHAR = ["--device=cuda", "--dtype=bfloat16", "--compile=True", "--eval_interval=500"]
+CPU_CHAR = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64",
+            "--batch_size=8", "--eval_iters=5", "--eval_interval=10"]
+FAST, PLAIN = [f"--loss_chunk={LOSS_CHUNK}"], ["--sync_every_step=True", "--loss_chunk=0", "--compile=False"]
+# config/train_llama_char.py at the GPU recipe's size (its comment gives the same flags), dropout as the recipe's
+LLAMA_GPU = ["--n_layer=6", "--n_head=6", "--n_kv_head=2", "--n_embd=384", "--block_size=256", "--batch_size=64",
+             "--dropout=0.2", "--eval_iters=200"]
+
+
+def char_runs() -> list[tuple[str, str, list[str]]]:
+    recipe, llama = "config/train_shakespeare_char.py", "config/train_llama_char.py"
+    runs = [("char_fast", recipe, FAST), ("char_plain", recipe, PLAIN), ("char_plain_seed", recipe, [*PLAIN, "--seed=1338"]),
+            ("llama_char", llama, [*FAST, *(LLAMA_GPU if ON_GPU else ["--n_kv_head=1"])])]
+    if FP8_GPU:  # on a CPU fp8 is emulated, and tests/test_fp8.py checks it
+        runs.append(("char_fp8", recipe, [*FAST, "--fp8=True"]))
+    return runs
+
+
+# Compiling GPT-2 124M takes about half a minute a config, and the timed steps compile about 20. While the checks
+# run (and only their results count), two processes compile those configs one after the other, one bench.py run
+# each, and are stopped when the checks end: the timed steps then find what they compiled in the compile caches.
+WARM = ("import subprocess, sys\n"
+        "for flags in sys.argv[1:]:\n"
+        "    subprocess.run([sys.executable, 'bench.py', *flags.split(), '--warmup_steps=1', '--num_steps=1'])")
+
+
+SAME_GRAPH = ("--sync_every_step=True", "--optimizer=muon", "--compile=False")  # A's compiled graph, or none
+
+
+def warm_configs() -> list[list[str]]:
+    """The timed steps' compiled configs (A first: every step times against it), dealt to two processes; none on
+    a CPU."""
+    if not ON_GPU:
+        return []
+    configs = ["--batch_size=12"] + [flags for _, flags, _ in FASTPATHS + OPTIONS
+                                     if flags not in SAME_GRAPH and (FP8_GPU or "fp8" not in flags)]
+    return [configs[0::2], configs[1::2]]
+
+
+def summary_of(out_dir: str) -> dict | None:
+    path = os.path.join(out_dir, "summary.json")
+    if not os.path.isfile(path):
         return None
-    out_dir = os.path.join(args.work, name)
-    device = (["--dtype=bfloat16", "--compile=True"] if ON_GPU else
-              ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64",
-               "--batch_size=8", "--eval_iters=5"])
-    code, _ = suite.run(name, [sys.executable, "train.py", "config/train_shakespeare_char.py", f"--dataset={data}",
-                               f"--out_dir={out_dir}", f"--max_iters={args.char_iters}",
-                               f"--lr_decay_iters={args.char_iters}", "--wandb_log=False", "--log_interval=50",
-                               "--overwrite=True", *device, *extra], 600)
-    if code:
-        return None
-    with open(os.path.join(out_dir, "summary.json")) as f:
+    with open(path) as f:
         return json.load(f)
 
 
-def step_char(suite: Suite, args):
-    s = char_run(suite, args, "char", [])
-    figures = (f"{args.char_iters} iters, val loss {s['final_val_loss']:.4f} (best {s['best_val_loss']:.4f}), "
-               f"{s['mean_tokens_per_sec']:,.0f} tok/s, {s['wall_time_s']:.0f} s wall") if s else "see logs/char.log"
-    suite.row("Shakespeare char, " + ("bf16 + compile" if ON_GPU else "tiny model on the CPU"), s is not None, figures)
-
-
-def step_converge(suite: Suite, args):
-    """The fast path's val loss against the plain path's (host sync every step, full logits, eager), same run."""
-    fast = char_run(suite, args, "converge_fast", [f"--loss_chunk={LOSS_CHUNK}"])
-    plain = char_run(suite, args, "converge_plain", ["--sync_every_step=True", "--loss_chunk=0", "--compile=False"])
-    ok = fast is not None and plain is not None
-    suite.row(f"fast path vs plain path, Shakespeare char {args.char_iters} steps", ok,
+def step_checks(suite: Suite, args):
+    """The CUDA tests and the Shakespeare char runs, all at once (their results count, not their speed); on a GPU,
+    bench.py compiles the configs of the timed steps alongside, so that their compiles hit the caches later."""
+    data = char_data(suite, args)
+    env = {"TORCHINDUCTOR_COMPILE_THREADS": "4"} if ON_GPU else {}  # many processes share the CPU's cores
+    jobs = [suite.start("tests", [sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_cuda.py"], env=env)]
+    runs = char_runs() if data else []
+    for name, config, flags in runs:
+        jobs.append(suite.start(name, [sys.executable, "train.py", config, f"--dataset={data}",
+                                       f"--out_dir={os.path.join(args.work, name)}", f"--max_iters={args.char_iters}",
+                                       f"--lr_decay_iters={args.char_iters}", "--wandb_log=False", "--log_interval=50",
+                                       "--overwrite=True", *(GPU_CHAR if ON_GPU else CPU_CHAR), *flags], env=env))
+    warmers = [suite.start(f"compile_warm_{i}", [sys.executable, "-c", WARM, *configs], env=env)
+               for i, configs in enumerate(warm_configs())]
+    results = {job["name"]: suite.wait(job, 900) for job in jobs}
+    for job in warmers:  # what they compiled is in the caches; the rest compiles in its own step
+        suite.wait(job, 0)
+    code, output = results["tests"]
+    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", line)]
+    suite.row("CUDA tests (tests/test_cuda.py)", code == 0, summary[-1].strip("= ") if summary else "no summary")
+    if not data:
+        suite.row("Shakespeare char runs", False, "could not prepare tiny Shakespeare: see logs/char_prepare.log")
+        return
+    s = {name: summary_of(os.path.join(args.work, name)) if results[name][0] == 0 else None for name, _, _ in runs}
+    side = f"{len(jobs) + len(warmers)} processes side by side, so no speed is quoted"
+    fast, plain, seed = s["char_fast"], s["char_plain"], s["char_plain_seed"]
+    n = args.char_iters
+    suite.row(f"Shakespeare char, {'bf16 + compile' if ON_GPU else 'tiny model on the CPU'}, {n} steps", fast is not None,
+              f"val loss {fast['final_val_loss']:.4f} (best {fast['best_val_loss']:.4f}), {fast['wall_time_s']:.0f} s "
+              f"wall ({side})" if fast else "see logs/char_fast.log")
+    ok = fast is not None and plain is not None and seed is not None
+    suite.row(f"fast path vs plain path, Shakespeare char {n} steps", ok,
               f"val loss {fast['final_val_loss']:.4f} fast (loss_chunk={LOSS_CHUNK}, verdicts on the device"
-              f"{', compile' if ON_GPU else ''}) "
-              f"vs {plain['final_val_loss']:.4f} plain; {fast['mean_tokens_per_sec']:,.0f} vs "
-              f"{plain['mean_tokens_per_sec']:,.0f} tok/s" if ok else "see logs/converge_*.log")
-    if ON_GPU:  # fp8 needs compute capability 8.9+; on a CPU it is emulated and tested by tests/test_fp8.py
-        fp8 = char_run(suite, args, "converge_fp8", [f"--loss_chunk={LOSS_CHUNK}", "--fp8=True"])
-        ok = fp8 is not None and fast is not None
-        suite.row(f"fp8 vs bf16 (both on the fast path), Shakespeare char {args.char_iters} steps", ok,
-                  f"val loss {fp8['final_val_loss']:.4f} fp8 vs {fast['final_val_loss']:.4f} bf16; "
-                  f"{fp8['mean_tokens_per_sec']:,.0f} vs {fast['mean_tokens_per_sec']:,.0f} tok/s (separate runs)"
-                  if ok else "see logs/converge_fp8.log")
+              f"{', compile' if ON_GPU else ''}) vs {plain['final_val_loss']:.4f} plain (a host sync every step, full "
+              f"logits, eager), a difference of {fast['final_val_loss'] - plain['final_val_loss']:+.4f}; the plain path "
+              f"with another seed: {seed['final_val_loss']:.4f} ({seed['final_val_loss'] - plain['final_val_loss']:+.4f})"
+              if ok else "see logs/char_fast.log, char_plain.log, char_plain_seed.log")
+    if FP8_GPU:
+        fp8 = s["char_fp8"]
+        suite.row(f"fp8 vs bf16 (both on the fast path), Shakespeare char {n} steps", fp8 is not None and fast is not None,
+                  f"val loss {fp8['final_val_loss']:.4f} fp8 vs {fast['final_val_loss']:.4f} bf16"
+                  if fp8 and fast else "see logs/char_fp8.log")
+    llama = s["llama_char"]
+    suite.row(f"LLaMA-style (config/train_llama_char.py{' at the recipe size' if ON_GPU else ''}) vs GPT-2-style, "
+              f"Shakespeare char {n} steps", llama is not None and fast is not None,
+              f"val loss {llama['final_val_loss']:.4f} (best {llama['best_val_loss']:.4f}) LLaMA-style vs "
+              f"{fast['final_val_loss']:.4f} (best {fast['best_val_loss']:.4f}) GPT-2-style, same steps and tokens"
+              if llama and fast else "see logs/llama_char.log")
 
 
 def step_gpt2(suite: Suite, args):
-    """GPT-2 124M at block 1024: the default micro-batch 12, then 32, 64, ... until one no longer fits (on a
-    CPU, bench.py's small CPU model at batch 12 and 32)."""
-    batch, fitted = 12, None
+    """GPT-2 124M at block 1024: the default micro-batch 12, the memory plan's batch_size='auto' and twice that
+    (the largest that fits; on a CPU, bench.py's small model at batch 12 and 32)."""
     what = "GPT-2 124M, batch {} x 1024, bf16, compile, fused AdamW" if ON_GPU else "CPU model, batch {} x 64, eager"
-    while batch <= (args.max_batch if ON_GPU else 32):
-        r = bench(suite, f"gpt2_b{batch}", [*BENCH_ARGS, f"--batch_size={batch}", f"--num_steps={30 if ON_GPU else 3}"])
-        if r is None:
-            suite.row(what.format(batch), False, "did not run (out of memory?): see log")
-            break
-        suite.row(what.format(batch), True, bench_text(r))
-        fitted, batch = batch, 32 if batch == 12 else batch * 2
-    if fitted:
-        print(f"largest micro-batch that ran: {fitted}")
+    steps = ["--num_steps=30"] if ON_GPU else ["--num_steps=3"]
+    auto = None
+    for batch in ([12, "auto", "double"] if ON_GPU else [12, 32]):
+        if batch == "double":
+            if auto is None:
+                break
+            batch = 2 * auto
+        code, output = suite.run(f"gpt2_b{batch}", [sys.executable, "bench.py", *bench_args(), f"--batch_size={batch}",
+                                                    *steps], 300)
+        match = BENCH_LINE.search(output) if code == 0 else None
+        chosen = re.search(r"batch_size auto: (\d+)", output)
+        label = f"{chosen[1]} (batch_size='auto')" if chosen else batch
+        if match:
+            plan = re.search(r"planned ([\d.]+) GiB", output)
+            suite.row(what.format(label), True, bench_text(*match.groups()) + (f" (planned {plan[1]} GiB)" if plan else ""))
+        elif auto is not None and "out of memory" in output.lower():
+            suite.row(what.format(batch), True, f"out of memory: {auto} (the plan's choice) is the largest power of two that fits")
+        else:
+            suite.row(what.format(label), False, f"see logs/gpt2_b{batch}.log")
+        if batch == "auto" and chosen:
+            auto = int(chosen[1])
 
 
-LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
-RATIO_LINE = re.compile(r"B/A tokens/s: ([\d.]+)x \(min ([\d.]+)x, max ([\d.]+)x")
-# (what, the A config's flags, the B config as --compare flags): B/A is each speed setting's on/off ratio. On a
-# CPU only the first runs: compile's cost there is covered by the test suite, and the modes need CUDA.
+# (what, the B config's flags, invert): each speed setting against GPT-2 124M's defaults (A: bf16, compile,
+# verdicts on the device, full logits); invert where B is the setting turned off
 FASTPATHS = [
-    ("verdicts on the device vs a host sync every step", ["--sync_every_step=True"], "--sync_every_step=False"),
-    (f"chunked loss (loss_chunk={LOSS_CHUNK}) vs full logits", [], f"--loss_chunk={LOSS_CHUNK}"),
-    ("chunked loss at batch 24 vs full logits at batch 12", [], f"--loss_chunk={LOSS_CHUNK} --batch_size=24"),
-    ("compile vs eager, GPT-2 124M batch 12", ["--compile=False"], "--compile=True"),
-    ("compile max-autotune vs default", [], "--compile_mode=max-autotune"),
-    ("compile reduce-overhead (CUDA graphs) vs default", [], "--compile_mode=reduce-overhead"),
-    ("activation checkpointing vs off (its cost)", [], "--activation_checkpointing=True"),
-    ("Muon vs AdamW (the optimizer step's cost)", [], "--optimizer=muon"),
-    ("fp8 matmuls in the blocks vs bf16", [], "--fp8=True"),
-    ("fp8 with the chunked loss at batch 24 vs bf16 at batch 12", [], f"--fp8=True --loss_chunk={LOSS_CHUNK} --batch_size=24"),
+    ("verdicts on the device vs a host sync every step", "--sync_every_step=True", True),
+    (f"chunked loss (loss_chunk={LOSS_CHUNK}) vs full logits", f"--loss_chunk={LOSS_CHUNK}", False),
+    ("chunked loss at batch 24 vs full logits at batch 12", f"--loss_chunk={LOSS_CHUNK} --batch_size=24", False),
+    ("compile vs eager, GPT-2 124M batch 12", "--compile=False", True),
+    ("compile reduce-overhead (CUDA graphs) vs default", "--compile_mode=reduce-overhead", False),
+    ("activation checkpointing vs off (its cost)", "--activation_checkpointing=True", False),
+    ("Muon vs AdamW (the optimizer step's cost)", "--optimizer=muon", False),
+    ("fp8 matmuls in the blocks vs bf16", "--fp8=True", False),
+    ("fp8 with the chunked loss at batch 24 vs bf16 at batch 12", f"--fp8=True --loss_chunk={LOSS_CHUNK} --batch_size=24", False),
+]
+# each model option (issue 9) against GPT-2, forward + backward + step of GPT-2 124M
+OPTIONS = [
+    ("rotary positions (pos_emb=rope) vs learned", "--pos_emb=rope", False),
+    ("RMSNorm vs LayerNorm", "--norm=rmsnorm", False),
+    ("SwiGLU MLP vs GELU", "--mlp=swiglu", False),
+    ("ReLU² MLP vs GELU", "--mlp=relu2", False),
+    ("grouped-query attention (2 key/value heads) vs multi-head", "--n_kv_head=2", False),
+    ("QK-norm vs none", "--qk_norm=True", False),
+    ("untied output layer vs tied", "--tie_embeddings=False", False),
+    ("LLaMA-style (all of the above but ReLU² and QK-norm) vs GPT-2",
+     "--pos_emb=rope --norm=rmsnorm --mlp=swiglu --n_kv_head=2 --tie_embeddings=False", False),
 ]
 
 
 def step_fastpaths(suite: Suite, args):
-    """Each speed setting against its plain path, compile against eager among them, from one bench.py --compare
-    each (GPT-2 124M, batch 12, on a GPU)."""
-    for i, (what, base, variant) in enumerate(FASTPATHS if ON_GPU else FASTPATHS[:1]):
-        steps = ["--num_steps=20", "--rounds=5"] if ON_GPU else ["--num_steps=2", "--rounds=2", "--warmup_steps=1"]
-        code, output = suite.run(f"fastpath_{i}", [sys.executable, "bench.py", *BENCH_ARGS, *base, *steps,
-                                                   f"--compare={variant}"], 600)
-        ratio = RATIO_LINE.search(output) if code == 0 else None
-        suite.row(what, ratio is not None, f"B/A tokens/s {ratio[1]}x (min {ratio[2]}x, max {ratio[3]}x), one process, "
-                  "alternating" if ratio else "see log (out of memory?)")
+    """Each speed setting against GPT-2 124M's defaults, from one bench.py --compare (on a CPU, those that mean
+    something there)."""
+    rows = FASTPATHS if ON_GPU else FASTPATHS[:2]
+    compare(suite, "fastpaths", [r for r in rows if FP8_GPU or "fp8" not in r[1]])
+
+
+def step_options(suite: Suite, args):
+    """Each model option against GPT-2, in bf16 with compile on a GPU, from one bench.py --compare."""
+    compare(suite, "options", OPTIONS)
+
+
+def step_autotune(suite: Suite, args):
+    """compile's max-autotune (tuned kernels, no CUDA graphs: reduce-overhead's row has those) against the default;
+    its own step, since tuning takes minutes and its results are not compiled ahead."""
+    if ON_GPU:
+        compare(suite, "autotune", [("compile max-autotune (no CUDA graphs) vs default",
+                                     "--compile_mode=max-autotune-no-cudagraphs", False)])
 
 
 def trainer_ms(out_dir: str, skip: int) -> float:
@@ -238,27 +358,34 @@ def step_nanogpt(suite: Suite, args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="folder for table.md, logs/ and logs.tar.gz")
+    parser.add_argument("--out", required=True, help="folder for table.md and logs.tar.gz")
     parser.add_argument("--work", default="/tmp/gpu_suite", help="scratch folder for runs, data and logs")
     parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps among {','.join(STEPS)}")
-    parser.add_argument("--char_iters", type=int, default=2000, help="steps of the Shakespeare char run")
-    parser.add_argument("--max_batch", type=int, default=128, help="largest GPT-2 micro-batch to try")
+    parser.add_argument("--budget", type=float, default=480, help="seconds: steps that would end later are not started")
+    parser.add_argument("--char_iters", type=int, default=2000, help="steps of the Shakespeare char runs")
     parser.add_argument("--nanogpt", default="", help="a nanoGPT checkout, to time its train.py beside ours")
     parser.add_argument("--trainer_iters", type=int, default=25, help="steps of each trainer in the nanogpt step")
     parser.add_argument("--char_data", default="", help="a prepared tiny Shakespeare char dataset (else prepared in --work)")
     args = parser.parse_args()
-    import torch
-    ON_GPU = torch.cuda.is_available()
-    BENCH_ARGS = [] if ON_GPU else ["--device=cpu", "--compile=False", "--vocab_size=512"]
-    if not ON_GPU:
-        args.char_iters = min(args.char_iters, 20)
-    unknown = set(args.only.split(",")) - set(STEPS)
+    chosen = args.only.split(",")
+    unknown = set(chosen) - set(STEPS)
     if unknown:
         sys.exit(f"error: unknown steps {sorted(unknown)}: choose among {','.join(STEPS)}")
-    suite = Suite(args.out, args.work)
-    try:
-        for name in STEPS:
-            if name in args.only.split(","):
-                globals()[f"step_{name}"](suite, args)
-    finally:
-        suite.finish()
+    import torch
+    ON_GPU = torch.cuda.is_available()
+    FP8_GPU = ON_GPU and torch.cuda.get_device_capability() >= (8, 9)
+    if not ON_GPU:
+        args.char_iters = min(args.char_iters, 20)
+    suite = Suite(args.out, args.work, args.budget)
+    left_out = []
+    for name in (s for s in STEPS if s in chosen):
+        needs = GPU_SECONDS[name] if ON_GPU else 10
+        if needs > suite.left():
+            left_out.append(name)
+            suite.row(f"step {name}", None, f"about {needs} s, {max(0, suite.left()):.0f} s of the {args.budget:.0f} s "
+                                            "budget left")
+            continue
+        globals()[f"step_{name}"](suite, args)
+    if left_out:
+        print(f"not run for lack of time: next, python scripts/gpu_suite.py --out=DIR --only={','.join(left_out)}")
+    print("\n" + open(os.path.join(args.out, "table.md")).read())

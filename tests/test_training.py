@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import tarfile
 
 import pytest
 import torch
@@ -255,5 +256,18 @@ def test_the_gpu_suite_runs_its_reduced_version_on_a_cpu(char_data, tmp_path):
                         f"--char_data={char_data}", cwd=str(tmp_path), timeout=600)
     assert result.returncode == 0, result.stderr
     rows = [line for line in open(tmp_path / "out" / "table.md").read().splitlines()[2:]]
-    assert len(rows) >= 6 and all("| ok |" in row for row in rows), rows
-    assert any("B/A tokens/s" in row for row in rows) and (tmp_path / "out" / "logs.tar.gz").exists()
+    assert len(rows) >= 16 and all("| ok |" in row for row in rows), rows
+    assert sum("x tokens/s (min" in row for row in rows) == 10  # 2 speed settings and 8 model options, one process each
+    assert any(row.startswith("| fast path vs plain path") and "another seed" in row for row in rows)
+    with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
+        assert {"logs/tests.log", "logs/char_fast.log", "logs/llama_char.log", "logs/options.log"} <= set(tar.getnames())
+
+
+def test_the_gpu_suite_leaves_out_what_its_budget_cannot_hold(tmp_path):
+    result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
+                        "--only=env,gpt2,options", "--budget=5", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
+    assert [row.split(" | ")[:2] for row in rows] == [["| step env", "not run"], ["| step gpt2", "not run"],
+                                                      ["| step options", "not run"]]
+    assert "next, python scripts/gpu_suite.py --out=DIR --only=env,gpt2,options" in result.stdout
