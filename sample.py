@@ -16,7 +16,7 @@ import torch
 import configurator
 from checkpoint import check_init_from, load_trained
 from common import UserError, autocast_context, check_device, excepthook, resolve_dtype
-from tokenizer import codec
+from tokenizer import codec, encode_setting
 
 # ---- model
 init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
@@ -67,7 +67,7 @@ if __name__ == "__main__":
     if compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs
     encode, decode = codec(vocab)
-    ids = encode(prompt)
+    ids = encode_setting(encode, "start", prompt)
     if not ids:
         raise UserError("start is empty: give a prompt of at least one token, e.g. --start='\\n'")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]

@@ -90,6 +90,14 @@ def dataset_codec(data_dir: str | None):
     return codec(vocabulary(data_dir) if data_dir else None)
 
 
+def encode_setting(encode, setting: str, text: str) -> list[int]:
+    """encode(text), where text is the value of `setting` (a prompt): an error line names the setting."""
+    try:
+        return encode(text)
+    except UserError as e:
+        raise UserError(f"{setting}: {e}") from None
+
+
 def codec(vocab: dict | None):
     """(encode, decode) for a vocabulary ({'tokenizer', 'chars'}, as dataset.vocabulary gives and checkpoints
     keep): its characters for a character vocabulary, else GPT-2's BPE."""
@@ -100,7 +108,7 @@ def codec(vocab: dict | None):
         def encode(text: str) -> list[int]:
             missing = sorted(set(text) - set(stoi))
             if missing:
-                raise UserError(f"the prompt has characters the dataset does not: {missing}: write it with the "
+                raise UserError(f"the text has characters the dataset does not: {missing}: write it with the "
                                 "characters the model was trained on")
             return [stoi[c] for c in text]
 

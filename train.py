@@ -39,7 +39,7 @@ from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 from report import Reporter
 from sharding import full, full_state, shard
-from tokenizer import dataset_codec
+from tokenizer import dataset_codec, encode_setting
 
 # ---- I/O
 out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go
@@ -290,7 +290,7 @@ if __name__ == "__main__":
         check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
     codec = dataset_codec(data["dir"]) if hellaswag_interval or (sample_interval and master_process) else None
     if sample_interval:  # a prompt the dataset cannot encode fails now, not at the first sample
-        on_rank0(lambda: codec[0](sample_prompt), rank, world_size)
+        on_rank0(lambda: encode_setting(codec[0], "sample_prompt", sample_prompt), rank, world_size)
     hellaswag = None  # (items, encode) when HellaSwag is scored during training
     if hellaswag_interval:
         hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])

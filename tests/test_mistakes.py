@@ -268,7 +268,7 @@ CASES = [
          setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()
                                             .replace('"train.bin"', '5')))),
     Case("sample_prompt", "train.py", [*TRAIN, "--sample_interval=1", "--sample_prompt=XYZ"],
-         r"the prompt has characters the dataset does not: \['X', 'Y', 'Z'\]"),
+         r"sample_prompt: the text has characters the dataset does not: \['X', 'Y', 'Z'\]: write it with"),
     Case("gpt2 without transformers", "train.py", [*TRAIN, "--init_from=gpt2"],
          r"needs Hugging Face transformers: pip install transformers", runner=WITHOUT_TRANSFORMERS),
     Case("gpt2 offline", "train.py", [*TRAIN, "--init_from=gpt2"], r"could not load 'gpt2' \(.*\): without network access, save the model .* and pass that folder",
@@ -280,7 +280,8 @@ CASES = [
     Case("sample max_new_tokens=0", "sample.py", ["--out_dir={run}", "--device=cpu", "--max_new_tokens=0"], r"max_new_tokens=0 is not valid"),
     Case("sample prompt file", "sample.py", ["--out_dir={run}", "--device=cpu", "--start=FILE:{tmp}/nope.txt"],
          r"start='FILE:.*nope.txt': prompt file .*nope.txt not found"),
-    Case("sample prompt chars", "sample.py", ["--out_dir={run}", "--device=cpu", "--start=XYZ"], r"characters the dataset does not"),
+    Case("sample prompt chars", "sample.py", ["--out_dir={run}", "--device=cpu", "--start=XYZ"],
+         r"start: the text has characters the dataset does not"),
     Case("sample no checkpoint", "sample.py", ["--out_dir={tmp}", "--device=cpu"], r"no checkpoint at .*ckpt.pt"),
     Case("sample which checkpoint", "sample.py", ["--out_dir={run}", "--device=cpu", "--checkpoint=ckpt_9.pt"], r"no checkpoint at .*ckpt_9.pt"),
     Case("sample gpt2 without transformers", "sample.py", ["--init_from=gpt2", "--device=cpu"],
