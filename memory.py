@@ -6,8 +6,9 @@ from the forward pass for the backward) are not estimated by formula: a forward 
 runs on the meta device, which computes shapes and nothing else, and the tensors autograd saves are added
 up. Doing that for a 1-block and a 2-block copy of the model gives one block's share and the rest (embeddings,
 final norm, the loss), whatever the architecture. In 16-bit precision the trace is of a model cast to that
-type; autocast keeps a few saved tensors (norm inputs, the loss's log-softmax) in fp32, so the real figure
-there is somewhat higher than planned.
+type. Autocast keeps a few saved tensors in fp32: on CUDA the loss's log-softmax, one float per logit and at
+GPT-2's vocabulary the largest tensor of all, which plan() adds; the norm inputs, which it does not, so the
+real figure there is somewhat higher than planned.
 """
 import dataclasses
 import os
@@ -91,6 +92,8 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
         activations = rest + config.n_layer * per_block + largest
     if config.loss_chunk:  # the chunked loss's logits exist a chunk at a time, with their gradient in backward
         activations += 2 * min(config.loss_chunk, batch_size * config.block_size) * config.vocab_size * 4
+    elif device_type == "cuda" and fp.itemsize == 2:  # CUDA's autocast keeps the log-softmax in fp32, not 16 bits
+        activations += batch_size * config.block_size * config.vocab_size * 2
     if optimizer == "muon":
         matrices = sum(p.numel() for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2)
         state = 4 * (matrices + ADAM_STATES * (n_params - matrices))
