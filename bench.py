@@ -29,6 +29,7 @@ import glob
 import os
 import random
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -413,36 +414,54 @@ def variants_of(config: dict, compare: str) -> dict[str, dict]:
 
 def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: int, rounds: int):
     """Config A and the --compare configs, timed in alternation in this one process: each one's tokens/s ratio
-    to A, and its spread over rounds. A config that fails to build or warm up (out of memory, say) is reported
-    and left out, the others go on, and the exit status is 1. Every config is compiled in this process, so
-    Dynamo may recompile the model's code once per config: its limit is raised to match."""
-    others = variants_of(config, compare)
-    changed = sorted({k for c in others.values() for k in c if c[k] != config[k]}, key=list(config).index)
-    for label, c in {"A": config, **others}.items():
+    to A, and its spread over rounds. A config that fails (out of memory, a compile error, fp8 on an older GPU)
+    is reported and left out, the others go on, and the exit status is 1. SIGTERM (a caller's time limit) ends
+    the timing after the round in progress, and the rounds done are reported. Every config is compiled in this
+    process, so Dynamo may recompile the model's code once per config: its limit is raised to match."""
+    configs = {"A": config, **variants_of(config, compare)}
+    changed = sorted({k for c in configs.values() for k in c if c[k] != config[k]}, key=list(config).index)
+    for label, c in configs.items():
         print(f"{label}: " + ", ".join(f"{k}={c[k]!r}" for k in changed))
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * (len(others) + 1))
-    runs, failed = {}, []
-    for label, c in {"A": config, **others}.items():
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(configs))
+    stopped = []
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    runs, times, failed = {}, {}, []
+
+    def attempt(label: str, work):
+        """work() for config `label`; a B config that raises is reported and left out."""
         try:
-            runs[label] = build(c)
-            warm_up(runs[label], warmup_steps, f"{label} ")
-        except Exception as e:  # out of memory, a compile error, fp8 on an older GPU: this config only
+            return work()
+        except Exception as e:
             if label == "A":
                 raise
             print(f"{label} failed, left out: {type(e).__name__}: {(str(e).strip() or '?').splitlines()[0][:300]}",
                   flush=True)
-            runs.pop(label, None)
-            failed.append(label)
-        if failed and failed[-1] == label and torch.cuda.is_available():
-            torch.cuda.empty_cache()  # outside the except block, whose traceback held the failed config's tensors
-    times = {label: [] for label in runs}
-    for r in range(rounds):
-        for label, run in runs.items():
-            times[label].append(time_steps(run, warmup_steps + r * num_steps, num_steps)[0])
-        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{label} {times[label][-1] * 1000:.2f} ms/iter" for label in runs),
+        runs.pop(label, None), times.pop(label, None), failed.append(label)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # here, past the except block, whose traceback held the config's tensors
+
+    def start(label: str, c: dict):
+        runs[label], times[label] = build(c), []
+        warm_up(runs[label], warmup_steps, f"{label} ")
+
+    for label, c in configs.items():
+        if stopped:
+            raise UserError("stopped by SIGTERM while the configs were built: nothing was timed")
+        attempt(label, lambda: start(label, c))
+    done = 0
+    while done < rounds and not stopped:
+        for label in list(runs):
+            attempt(label, lambda: times[label].append(time_steps(runs[label], warmup_steps + done * num_steps,
+                                                                  num_steps)[0]))
+        done += 1
+        print(f"round {done}/{rounds}: " + ", ".join(f"{label} {times[label][-1] * 1000:.2f} ms/iter" for label in runs),
               flush=True)
+    if stopped:
+        print(f"stopped by SIGTERM after {done} of {rounds} rounds")
+    if not done:
+        raise UserError("stopped by SIGTERM before a round was timed")
     for label, run in runs.items():
-        print(f"{label}: {figures(run, statistics.median(times[label]), config['device'])} (median of {rounds} rounds)")
+        print(f"{label}: {figures(run, statistics.median(times[label]), config['device'])} (median of {done} rounds)")
     for label in runs:
         if label == "A":
             continue
@@ -450,7 +469,7 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
         ratios = sorted(runs[label]["tokens_per_step"] / b / (runs["A"]["tokens_per_step"] / a)
                         for a, b in zip(times["A"], times[label]))
         print(f"{label}/A tokens/s: {statistics.median(ratios):.3f}x (min {ratios[0]:.3f}x, max {ratios[-1]:.3f}x over "
-              f"{rounds} rounds of {num_steps} steps, alternating)")
+              f"{done} rounds of {num_steps} steps, alternating)")
     if failed:
         raise UserError(f"{', '.join(failed)} failed to run (see above); the other ratios stand")
 

@@ -4,6 +4,9 @@ import json
 import math
 import os
 import re
+import signal
+import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -199,6 +202,26 @@ def test_bench_compares_several_configs_in_one_process_and_leaves_out_one_that_f
     chosen = int(re.search(r"^batch_size auto: (\d+) sequences", result.stdout, re.M)[1])
     assert chosen >= 4 and chosen & (chosen - 1) == 0  # a power of two, from the host's free memory
     assert re.search(rf"^B3: .* tokens/s .*\nB1/A tokens/s: [\d.]+x .*\nB3/A tokens/s: [\d.]+x", result.stdout, re.M)
+
+
+def test_bench_compare_stopped_by_sigterm_reports_the_rounds_it_timed(tmp_path):
+    """A caller's time limit (SIGTERM) ends the timing after the round in progress, not the figures."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--device=cpu", "--compile=False",
+                             "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
+                             "--vocab_size=64", "--warmup_steps=1", "--num_steps=2", "--rounds=100000",
+                             "--compare=--loss_chunk=40"], cwd=str(tmp_path), stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("round 3/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=60) == 0
+    done = int(re.search(r"^stopped by SIGTERM after (\d+) of 100000 rounds$", "".join(lines), re.M)[1])
+    assert 3 <= done < 100000 and sum(line.startswith("round ") for line in lines) == done
+    assert re.search(rf"^B/A tokens/s: [\d.]+x \(min [\d.]+x, max [\d.]+x over {done} rounds", "".join(lines), re.M)
 
 
 def test_every_train_setting_is_a_bench_setting_or_declared_irrelevant_to_speed():
