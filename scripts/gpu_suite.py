@@ -9,7 +9,8 @@ Steps, in order: env; checks (the CUDA tests and the Shakespeare char runs, side
 their results count; meanwhile GPT-2 124M's timed configs are compiled once to fill the compile caches); gpt2
 (batch 12, the memory plan's batch and twice that); fastpaths and options (each speed setting and each model
 option against GPT-2 124M, from one bench.py --compare each); autotune; nanogpt. A step that would not end
-inside the budget is not started: its row says so and names the --only that runs it next.
+inside the budget is not started, and one still running at its end is stopped: the suite names both in the
+--only that runs them next.
 
 Each row goes to <out>/table.md as it is made, and every step's output into <out>/logs.tar.gz, so a call that
 is cut off still brings back what it did. Runs and data go to a scratch folder, --work. Without a GPU the same
@@ -32,7 +33,7 @@ STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "autotune", "nanogpt"]
 # Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
 # 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
 # the logs of the next run. The budget starts no step that would not end in time.
-GPU_SECONDS = {"env": 15, "checks": 200, "gpt2": 100, "fastpaths": 150, "options": 150, "autotune": 240, "nanogpt": 100}
+GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 150, "options": 200, "autotune": 300, "nanogpt": 100}
 ON_GPU = False  # set in __main__: whether this machine has CUDA (else the reduced CPU version runs)
 FP8_GPU = False  # and whether it has fp8 matmuls (compute capability 8.9+)
 LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
@@ -40,7 +41,7 @@ LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 
 
 class Suite:
     def __init__(self, out: str, work: str, budget: float):
-        self.out, self.work, self.rows = out, work, []
+        self.out, self.work, self.rows, self.jobs = out, work, [], []
         self.deadline = time.time() + budget
         os.makedirs(out, exist_ok=True)
         os.makedirs(os.path.join(work, "logs"), exist_ok=True)
@@ -56,16 +57,17 @@ class Suite:
         f.flush()
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 env={**os.environ, "WANDB_MODE": "disabled", **(env or {})})
+        self.jobs.append(proc)
         return {"name": name, "proc": proc, "log": log, "file": f, "t0": time.time()}
 
     def wait(self, job: dict, timeout: float) -> tuple[int, str]:
-        """Wait for a started job, killing it and every process it started past timeout (or the budget's end);
-        returns (exit code, output). A job stopped that way exits with 124."""
+        """Wait for a started job; past timeout (or the budget's end) stop it and every process it started:
+        SIGTERM (bench.py then reports the rounds it timed, train.py saves), SIGKILL 20 s later. Returns (exit
+        code, output); a job stopped that way exits with 124."""
         try:
             code = job["proc"].wait(timeout=max(1.0, min(timeout, self.left())))
         except subprocess.TimeoutExpired:
-            os.killpg(job["proc"].pid, signal.SIGKILL)  # its own session: its children go too
-            job["proc"].wait()
+            self.stop(job["proc"])
             code = 124
         seconds = time.time() - job["t0"]
         with open(job["log"]) as f:
@@ -74,6 +76,25 @@ class Suite:
         job["file"].close()
         print(f"[{time.strftime('%H:%M:%S')}] {job['name']}: exit {code} after {seconds:.0f} s", flush=True)
         return code, output
+
+    @staticmethod
+    def stop(proc: subprocess.Popen):
+        """SIGTERM to the job's session (it started one: its children go too), SIGKILL to what is left 20 s later."""
+        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # nothing of the session is left
+                return
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def stop_all(self):
+        """Every job still running (the suite itself is ending, say on an error): none may outlive it."""
+        for proc in self.jobs:
+            if proc.poll() is None:
+                self.stop(proc)
 
     def run(self, name: str, cmd: list[str], timeout: float, cwd: str = ROOT) -> tuple[int, str]:
         return self.wait(self.start(name, cmd, cwd), timeout)
@@ -110,6 +131,7 @@ def compare(suite: Suite, name: str, rows: list[tuple[str, str, bool]]):
     code, output = suite.run(name, [sys.executable, "bench.py", *bench_args(), *steps,
                                     "--compare=" + "; ".join(flags for _, flags, _ in rows)], 600)
     figures = {m[1]: m.groups()[1:] for m in CONFIG_LINE.finditer(output)}
+    stopped = re.search(r"^stopped by SIGTERM after (\d+) of (\d+) rounds", output, re.M)
     ratios = {m[1]: [float(x) for x in m.groups()[1:]] for m in RATIO_LINE.finditer(output)}
     for i, (what, flags, invert) in enumerate(rows):
         label = "B" if len(rows) == 1 else f"B{i + 1}"
@@ -120,7 +142,8 @@ def compare(suite: Suite, name: str, rows: list[tuple[str, str, bool]]):
         if invert:
             median, low, high = 1 / median, 1 / high, 1 / low
         suite.row(what, True, f"{median:.3f}x tokens/s (min {low:.3f}x, max {high:.3f}x over rounds, one process); "
-                              f"`{flags}`: {bench_text(*figures[label])}, A: {bench_text(*figures['A'])}")
+                              f"`{flags}`: {bench_text(*figures[label])}, A: {bench_text(*figures['A'])}"
+                              + (f" (stopped at the budget after {stopped[1]} of {stopped[2]} rounds)" if stopped else ""))
 
 
 # ---- the steps
@@ -130,16 +153,24 @@ def step_env(suite: Suite, args):
         "'cuda', torch.version.cuda); print('gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0), "
         "torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else print('no GPU: the reduced CPU suite')")],
                              120)
+    if ON_GPU:  # side-by-side checks need a compute mode that lets several processes share the GPU
+        smi = suite.run("nvidia_smi", ["nvidia-smi", "--query-gpu=name,compute_mode,memory.total,driver_version",
+                                       "--format=csv,noheader"], 60)[1]
+        output += "nvidia-smi: " + smi.strip()
     suite.row("environment", code == 0, " / ".join(output.strip().splitlines()))
 
 
 def char_data(suite: Suite, args) -> str | None:
-    """Tiny Shakespeare as characters: --char_data, else prepared once into the scratch folder."""
+    """Tiny Shakespeare as characters: --char_data, else prepared once into the scratch folder, from --char_text
+    or where prepare.py finds it (data/shakespeare_char/input.txt, else a download: a borrowed GPU without network
+    needs the text carried there)."""
     if args.char_data:
         return args.char_data
     data = os.path.join(args.work, "shakespeare_char")
     if not os.path.isfile(os.path.join(data, "meta.json")):
-        code, _ = suite.run("char_prepare", [sys.executable, "data/shakespeare_char/prepare.py", "--out_dir", data], 300)
+        text = ["--input", args.char_text] if args.char_text else []
+        code, _ = suite.run("char_prepare", [sys.executable, "data/shakespeare_char/prepare.py", "--out_dir", data, *text],
+                            120)
         if code:
             return None
     return data
@@ -200,7 +231,9 @@ def step_checks(suite: Suite, args):
     bench.py compiles the configs of the timed steps alongside, so that their compiles hit the caches later."""
     data = char_data(suite, args)
     env = {"TORCHINDUCTOR_COMPILE_THREADS": "4"} if ON_GPU else {}  # many processes share the CPU's cores
-    jobs = [suite.start("tests", [sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_cuda.py"], env=env)]
+    # the CUDA tests in two processes, the longest pair apart from the rest, so they end with the char runs
+    jobs = [suite.start(f"tests_{i}", [sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_cuda.py", "-k", k], env=env)
+            for i, k in enumerate(("fp8 or resume", "not (fp8 or resume)"))]
     runs = char_runs() if data else []
     for name, config, flags in runs:
         jobs.append(suite.start(name, [sys.executable, "train.py", config, f"--dataset={data}",
@@ -212,9 +245,12 @@ def step_checks(suite: Suite, args):
     results = {job["name"]: suite.wait(job, 900) for job in jobs}
     for job in warmers:  # what they compiled is in the caches; the rest compiles in its own step
         suite.wait(job, 0)
-    code, output = results["tests"]
-    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", line)]
-    suite.row("CUDA tests (tests/test_cuda.py)", code == 0, summary[-1].strip("= ") if summary else "no summary")
+    summaries = []
+    for name in ("tests_0", "tests_1"):
+        lines = [line for line in results[name][1].splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", line)]
+        summaries.append(lines[-1].strip("= ") if lines else f"no summary (logs/{name}.log)")
+    suite.row("CUDA tests (tests/test_cuda.py, in two processes)", all(results[n][0] == 0 for n in ("tests_0", "tests_1")),
+              "; ".join(summaries))
     if not data:
         suite.row("Shakespeare char runs", False, "could not prepare tiny Shakespeare: see logs/char_prepare.log")
         return
@@ -268,7 +304,7 @@ def step_gpt2(suite: Suite, args):
             suite.row(what.format(batch), True, f"out of memory: {auto} (the plan's choice) is the largest power of two that fits")
         else:
             suite.row(what.format(label), False, f"see logs/gpt2_b{batch}.log")
-        if batch == "auto" and chosen:
+        if batch == "auto" and chosen and match:  # twice a batch that did not run would tell nothing
             auto = int(chosen[1])
 
 
@@ -362,10 +398,11 @@ if __name__ == "__main__":
     parser.add_argument("--work", default="/tmp/gpu_suite", help="scratch folder for runs, data and logs")
     parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps among {','.join(STEPS)}")
     parser.add_argument("--budget", type=float, default=480, help="seconds: steps that would end later are not started")
-    parser.add_argument("--char_iters", type=int, default=2000, help="steps of the Shakespeare char runs")
+    parser.add_argument("--char_iters", type=int, default=0, help="steps of the Shakespeare char runs (0: 2000, 20 on a CPU)")
     parser.add_argument("--nanogpt", default="", help="a nanoGPT checkout, to time its train.py beside ours")
     parser.add_argument("--trainer_iters", type=int, default=25, help="steps of each trainer in the nanogpt step")
     parser.add_argument("--char_data", default="", help="a prepared tiny Shakespeare char dataset (else prepared in --work)")
+    parser.add_argument("--char_text", default="", help="tiny Shakespeare's text, for the prepare (else prepare.py's own search)")
     args = parser.parse_args()
     chosen = args.only.split(",")
     unknown = set(chosen) - set(STEPS)
@@ -374,18 +411,22 @@ if __name__ == "__main__":
     import torch
     ON_GPU = torch.cuda.is_available()
     FP8_GPU = ON_GPU and torch.cuda.get_device_capability() >= (8, 9)
-    if not ON_GPU:
-        args.char_iters = min(args.char_iters, 20)
+    args.char_iters = args.char_iters or (2000 if ON_GPU else 20)
     suite = Suite(args.out, args.work, args.budget)
-    left_out = []
-    for name in (s for s in STEPS if s in chosen):
-        needs = GPU_SECONDS[name] if ON_GPU else 10
-        if needs > suite.left():
-            left_out.append(name)
-            suite.row(f"step {name}", None, f"about {needs} s, {max(0, suite.left()):.0f} s of the {args.budget:.0f} s "
-                                            "budget left")
-            continue
-        globals()[f"step_{name}"](suite, args)
+    left_out = []  # steps not started, or stopped at the budget's end: the next call's --only
+    try:
+        for name in (s for s in STEPS if s in chosen):
+            needs = GPU_SECONDS[name] if ON_GPU else 10
+            if needs > suite.left():
+                left_out.append(name)
+                suite.row(f"step {name}", None, f"about {needs} s, {max(0, suite.left()):.0f} s of the "
+                                                f"{args.budget:.0f} s budget left")
+                continue
+            globals()[f"step_{name}"](suite, args)
+            if suite.left() <= 0:
+                left_out.append(name)
+    finally:
+        suite.stop_all()
     if left_out:
         print(f"not run for lack of time: next, python scripts/gpu_suite.py --out=DIR --only={','.join(left_out)}")
     print("\n" + open(os.path.join(args.out, "table.md")).read())

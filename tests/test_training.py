@@ -283,7 +283,22 @@ def test_the_gpu_suite_runs_its_reduced_version_on_a_cpu(char_data, tmp_path):
     assert sum("x tokens/s (min" in row for row in rows) == 10  # 2 speed settings and 8 model options, one process each
     assert any(row.startswith("| fast path vs plain path") and "another seed" in row for row in rows)
     with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
-        assert {"logs/tests.log", "logs/char_fast.log", "logs/llama_char.log", "logs/options.log"} <= set(tar.getnames())
+        assert {"logs/tests_0.log", "logs/tests_1.log", "logs/char_fast.log", "logs/llama_char.log", "logs/options.log"} <= set(tar.getnames())
+
+
+def test_the_gpu_suite_stops_a_step_at_the_budget_and_names_it_for_the_next_call(char_data, tmp_path):
+    """The checks start (they need about 10 s on a CPU) but their runs are longer than the budget: they are stopped
+    at its end with everything they started, their rows say so, and the step is named for the next call."""
+    import psutil
+    result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
+                        f"--char_data={char_data}", "--char_iters=100000", "--only=checks", "--budget=15",
+                        cwd=str(tmp_path), timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
+    assert any(row.startswith("| Shakespeare char") and "| FAILED | see logs/char_fast.log" in row for row in rows), rows
+    assert "next, python scripts/gpu_suite.py --out=DIR --only=checks" in result.stdout
+    assert re.search(r"char_fast: exit 124 after \d+ s", result.stdout)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "work") in " ".join(p.info["cmdline"] or [])]
 
 
 def test_the_gpu_suite_leaves_out_what_its_budget_cannot_hold(tmp_path):
