@@ -53,6 +53,7 @@ def test_use_fp8_converts_the_blocks_linears_only_and_keeps_the_state_dict():
         use_fp8(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64)), 100)
 
 
+@pytest.mark.slow
 def test_a_model_trained_in_fp8_follows_the_fp32_one():
     """50 AdamW steps on one fixed batch from the same start: fp8's loss curve stays close to fp32's."""
     torch.manual_seed(0)
@@ -78,6 +79,7 @@ def test_a_model_trained_in_fp8_follows_the_fp32_one():
     assert all(abs(a - b) < 0.05 * a for a, b in zip(plain, fp8))
 
 
+@pytest.mark.slow
 def test_train_py_with_fp8_writes_a_checkpoint_a_plain_model_reads(char_data, tmp_path):
     out = tmp_path / "run"
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=10, eval_interval=10, fp8=True), cwd=tmp_path)
