@@ -54,6 +54,15 @@ def run_info(config: dict, argv: list[str]) -> dict:
             "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
 
 
+def read_summary(out_dir: str) -> dict | None:
+    """A finished run's summary.json (Reporter.summary writes it), or None where the run did not finish."""
+    path = os.path.join(out_dir, "summary.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 class Reporter:
     def __init__(self, out_dir: str, log_format: str, active: bool):
         self.out_dir, self.format, self.active = out_dir, log_format, active

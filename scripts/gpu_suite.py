@@ -18,7 +18,6 @@ command runs a reduced version on the CPU (tiny models, few steps), so the test 
 never rots between GPU slots.
 """
 import argparse
-import json
 import os
 import re
 import signal
@@ -29,6 +28,9 @@ import tarfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import metrics  # noqa: E402  (the repository's own modules, from its root)
+from report import read_summary  # noqa: E402
 STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "autotune", "nanogpt"]
 # Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
 # 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
@@ -213,17 +215,8 @@ def warm_configs() -> list[list[str]]:
     a CPU."""
     if not ON_GPU:
         return []
-    configs = ["--batch_size=12"] + [flags for _, flags, _ in FASTPATHS + OPTIONS
-                                     if flags not in SAME_GRAPH and (FP8_GPU or "fp8" not in flags)]
+    configs = ["--batch_size=12"] + [flags for _, flags, _ in fastpaths() + OPTIONS if flags not in SAME_GRAPH]
     return [configs[0::2], configs[1::2]]
-
-
-def summary_of(out_dir: str) -> dict | None:
-    path = os.path.join(out_dir, "summary.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def step_checks(suite: Suite, args):
@@ -254,7 +247,7 @@ def step_checks(suite: Suite, args):
     if not data:
         suite.row("Shakespeare char runs", False, "could not prepare tiny Shakespeare: see logs/char_prepare.log")
         return
-    s = {name: summary_of(os.path.join(args.work, name)) if results[name][0] == 0 else None for name, _, _ in runs}
+    s = {name: read_summary(os.path.join(args.work, name)) if results[name][0] == 0 else None for name, _, _ in runs}
     side = f"{len(jobs) + len(warmers)} processes side by side, so no speed is quoted"
     fast, plain, seed = s["char_fast"], s["char_plain"], s["char_plain_seed"]
     n = args.char_iters
@@ -335,11 +328,15 @@ OPTIONS = [
 ]
 
 
-def step_fastpaths(suite: Suite, args):
-    """Each speed setting against GPT-2 124M's defaults, from one bench.py --compare (on a CPU, those that mean
-    something there)."""
+def fastpaths() -> list[tuple[str, str, bool]]:
+    """The speed settings this machine times: those that mean something on a CPU there, fp8 where the GPU has it."""
     rows = FASTPATHS if ON_GPU else FASTPATHS[:2]
-    compare(suite, "fastpaths", [r for r in rows if FP8_GPU or "fp8" not in r[1]])
+    return [row for row in rows if FP8_GPU or "fp8" not in row[1]]
+
+
+def step_fastpaths(suite: Suite, args):
+    """Each speed setting against GPT-2 124M's defaults, from one bench.py --compare."""
+    compare(suite, "fastpaths", fastpaths())
 
 
 def step_options(suite: Suite, args):
@@ -357,8 +354,6 @@ def step_autotune(suite: Suite, args):
 
 def trainer_ms(out_dir: str, skip: int) -> float:
     """Median ms per step of a run of ours, from its metrics.csv, after the first `skip` steps."""
-    sys.path.insert(0, ROOT)
-    import metrics
     return statistics.median(float(r["dt_ms"]) for r in metrics.read_rows(out_dir) if r["dt_ms"] and int(r["iter"]) > skip)
 
 
