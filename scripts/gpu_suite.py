@@ -2,15 +2,15 @@
 The GPU suite: checks and times everything that needs a GPU, for short borrowed slots.
 
     python scripts/gpu_suite.py --out=gpu_results                 # what fits in --budget seconds (480: 8 minutes)
-    python scripts/gpu_suite.py --out=gpu_results --only=options,autotune --budget=560
+    python scripts/gpu_suite.py --out=gpu_results --only=options,nanogpt,autotune --budget=560
     python scripts/gpu_suite.py --out=gpu_results --nanogpt=PATH   # also time nanoGPT's train.py beside ours
 
 Steps, in order: env; checks (the CUDA tests and the Shakespeare char runs, side by side on the GPU, since only
 their results count; meanwhile GPT-2 124M's timed configs are compiled once to fill the compile caches); gpt2
 (batch 12, the memory plan's batch and twice that); fastpaths and options (each speed setting and each model
-option against GPT-2 124M, from one bench.py --compare each); autotune; nanogpt. A step that would not end
-inside the budget is not started, and one still running at its end is stopped: the suite names both in the
---only that runs them next.
+option against GPT-2 124M, from one bench.py --compare each); nanogpt (with --nanogpt: nanoGPT's train.py beside
+ours); autotune. A step that would not end inside the budget is not started, and one still running at its end is
+stopped: the suite names both in the --only that runs them next.
 
 Each row goes to <out>/table.md as it is made, and every step's output into <out>/logs.tar.gz, so a call that
 is cut off still brings back what it did. Runs and data go to a scratch folder, --work. Without a GPU the same
@@ -31,11 +31,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import metrics  # noqa: E402  (the repository's own modules, from its root)
 from report import read_summary  # noqa: E402
-STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "autotune", "nanogpt"]
+STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "nanogpt", "autotune"]
 # Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
 # 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
 # the logs of the next run. The budget starts no step that would not end in time.
-GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 150, "options": 200, "autotune": 300, "nanogpt": 100}
+GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 150, "options": 200, "nanogpt": 240, "autotune": 300}
 ON_GPU = False  # set in __main__: whether this machine has CUDA (else the reduced CPU version runs)
 FP8_GPU = False  # and whether it has fp8 matmuls (compute capability 8.9+)
 LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
@@ -357,34 +357,68 @@ def trainer_ms(out_dir: str, skip: int) -> float:
     return statistics.median(float(r["dt_ms"]) for r in metrics.read_rows(out_dir) if r["dt_ms"] and int(r["iter"]) > skip)
 
 
+# (micro-steps, sequences per micro-step) of the nanogpt step's runs: nanoGPT's GPT-2 micro-batch (its config's 40
+# micro-steps cut to 8 for time), and the same tokens per step as fewer, larger micro-batches (48 fits both trainers)
+NANO_SHAPES = [(8, 12), (2, 48)]
+
+
+def nanogpt_rows(ms: dict, block_size: int) -> list[tuple[str, bool, str]]:
+    """The nanogpt step's rows from the median ms/step of its runs, keyed (trainer, micro-steps, sequences) with
+    trainer 'nanogpt', 'ours' or 'ours_fp8' (None: the run failed). Every shape moves the same tokens per step, so
+    a ratio of step times is the inverse ratio of tokens/s."""
+    (n1, b1), (n2, b2) = NANO_SHAPES
+
+    def side(key) -> str:
+        return f"{ms[key]:.0f} ms/step ({key[1] * key[2] * block_size / ms[key] * 1000:,.0f} tok/s)"
+    pairs = [(f"this train.py against nanoGPT's, both at {n1} x {b1} (nanoGPT's GPT-2 micro-batch)", ("ours", n1, b1), ("nanogpt", n1, b1)),
+             (f"this train.py against nanoGPT's, both at {n2} x {b2}", ("ours", n2, b2), ("nanogpt", n2, b2)),
+             (f"this train.py at {n2} x {b2} against nanoGPT's at {n1} x {b1}", ("ours", n2, b2), ("nanogpt", n1, b1))]
+    if ("ours_fp8", n2, b2) in ms:
+        pairs += [(f"this train.py with fp8 at {n2} x {b2} against nanoGPT's at {n1} x {b1}", ("ours_fp8", n2, b2), ("nanogpt", n1, b1)),
+                  (f"fp8 against bf16, this train.py at {n2} x {b2}", ("ours_fp8", n2, b2), ("ours", n2, b2))]
+    rows = []
+    for what, b, a in pairs:
+        ok = ms.get(a) is not None and ms.get(b) is not None
+        rows.append((f"{what}, {n1 * b1} x {block_size} tokens/step", ok,
+                     f"{ms[a] / ms[b]:.2f}x tokens/s: {side(b)} against {side(a)} (medians of steps 6+, separate processes)"
+                     if ok else f"see logs/{a[0]}_{a[1]}x{a[2]}.log and logs/{b[0]}_{b[1]}x{b[2]}.log"))
+    return rows
+
+
 def step_nanogpt(suite: Suite, args):
-    """nanoGPT's train.py and ours on the same synthetic OpenWebText-sized tokens, same settings (on a GPU; on a
-    CPU, scripts/compare_nanogpt.py times the README's CPU command)."""
-    if not args.nanogpt or not ON_GPU:
+    """With --nanogpt: nanoGPT's train.py and ours on the same synthetic tokens and the same tokens per step, at
+    nanoGPT's GPT-2 micro-batch and at a larger one, and ours with fp8 where the GPU has it. On a GPU, GPT-2 124M
+    in bf16 with compile; on a CPU, a tiny fp32 model, eager (scripts/compare_nanogpt.py times the README's CPU
+    command)."""
+    if not args.nanogpt:
         return
     import numpy as np
     data_dir = os.path.join(args.work, "synthetic_tokens")
     os.makedirs(data_dir, exist_ok=True)
     rng = np.random.default_rng(0)
-    for split, n in (("train", 50_000_000), ("val", 1_000_000)):
+    for split, n in (("train", 50_000_000 if ON_GPU else 1_000_000), ("val", 1_000_000)):
         rng.integers(0, 50257, n, dtype=np.uint16).tofile(os.path.join(data_dir, f"{split}.bin"))
+    block_size = 1024 if ON_GPU else 64
     common = [f"--dataset={data_dir}", f"--max_iters={args.trainer_iters}", "--eval_interval=100000", "--eval_iters=1",
-              "--gradient_accumulation_steps=8", "--compile=True", "--wandb_log=False", "--always_save_checkpoint=False"]
-    code, output = suite.run("nanogpt", [sys.executable, "train.py", *common, f"--out_dir={args.work}/nano_out"], 600,
-                             cwd=args.nanogpt)
-    times = [float(t) for i, t in re.findall(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", output) if int(i) > 5]
-    ours_out = os.path.join(args.work, "ours_out")
-    code2, _ = suite.run("ours_trainer", [sys.executable, "train.py", *common, f"--out_dir={ours_out}"], 600)
-    ok = code == 0 and code2 == 0 and times
-    if ok:
-        nano_ms, our_ms = statistics.median(times), trainer_ms(ours_out, 5)
-        tokens = 8 * 12 * 1024
-        figures = (f"nanoGPT {nano_ms:.0f} ms/step ({tokens / nano_ms * 1000:,.0f} tok/s), ours {our_ms:.0f} ms/step "
-                   f"({tokens / our_ms * 1000:,.0f} tok/s): ours {nano_ms / our_ms:.2f}x (median of steps 6+, "
-                   "separate processes)")
-    else:
-        figures = "see logs/nanogpt.log and logs/ours_trainer.log"
-    suite.row("trainer against nanoGPT's, GPT-2 124M, 8 x 12 x 1024 tokens/step", ok, figures)
+              "--wandb_log=False", "--always_save_checkpoint=False", f"--block_size={block_size}"]
+    common += ["--compile=True"] if ON_GPU else ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=2",
+                                                 "--n_head=2", "--n_embd=64"]
+    ms = {}
+    for n, b in NANO_SHAPES:
+        shape = [f"--gradient_accumulation_steps={n}", f"--batch_size={b}"]
+        name = f"nanogpt_{n}x{b}"
+        code, output = suite.run(name, [sys.executable, "train.py", *common, *shape, f"--out_dir={args.work}/{name}"],
+                                 600, cwd=args.nanogpt)
+        times = [float(t) for i, t in re.findall(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", output) if int(i) > 5]
+        ms["nanogpt", n, b] = statistics.median(times) if code == 0 and times else None
+        fp8 = FP8_GPU and (n, b) != NANO_SHAPES[0]
+        for trainer, extra in [("ours", [])] + ([("ours_fp8", ["--fp8=True"])] if fp8 else []):
+            out_dir = os.path.join(args.work, f"{trainer}_{n}x{b}")
+            code, _ = suite.run(f"{trainer}_{n}x{b}", [sys.executable, "train.py", *common, *shape, *extra,
+                                                      f"--out_dir={out_dir}", "--overwrite=True"], 600)
+            ms[trainer, n, b] = trainer_ms(out_dir, 5) if code == 0 else None
+    for row in nanogpt_rows(ms, block_size):
+        suite.row(*row)
 
 
 if __name__ == "__main__":

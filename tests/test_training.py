@@ -309,3 +309,17 @@ def test_the_gpu_suite_leaves_out_what_its_budget_cannot_hold(tmp_path):
     assert [row.split(" | ")[:2] for row in rows] == [["| step env", "not run"], ["| step gpt2", "not run"],
                                                       ["| step options", "not run"]]
     assert "next, python scripts/gpu_suite.py --out=DIR --only=env,gpt2,options" in result.stdout
+
+
+def test_the_gpu_suite_reckons_the_nanogpt_ratios_as_tokens_per_second_of_the_same_tokens_per_step():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gpu_suite import nanogpt_rows
+    ms = {("nanogpt", 8, 12): 220.0, ("ours", 8, 12): 200.0, ("nanogpt", 2, 48): 180.0, ("ours", 2, 48): None}
+    rows = nanogpt_rows(ms, 1024)
+    assert [ok for _, ok, _ in rows] == [True, False, False]  # no fp8 rows without an fp8 run; a failed run is a failed row
+    assert rows[0][0].endswith("96 x 1024 tokens/step") and rows[0][2].startswith("1.10x tokens/s: 200 ms/step (491,520 tok/s)")
+    assert "logs/ours_2x48.log" in rows[1][2]
+    ms.update({("ours", 2, 48): 176.0, ("ours_fp8", 2, 48): 110.0})
+    rows = nanogpt_rows(ms, 1024)
+    assert all(ok for _, ok, _ in rows) and len(rows) == 5
+    assert [text.split("x tokens/s")[0] for _, _, text in rows] == ["1.10", "1.02", "1.25", "2.00", "1.60"]
