@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 
@@ -104,9 +105,17 @@ def rotate(x, cos, sin):
     return (x * cos + rotated * sin).to(x.dtype)
 
 
+# The attention kernels scaled_dot_product_attention tries, in order, for GPT.prefer_attention: 'auto' is torch's own
+# order (FlashAttention first on CUDA); 'cudnn' tries cuDNN's first (faster on Hopper by others' benchmarks) and the
+# rest after it in torch's order, so a shape cuDNN cannot serve runs as before. Every kernel stays allowed.
+ATTENTION_ORDERS = {"auto": None, "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                                            SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.OVERRIDEABLE]}
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        self.kernels = None  # ATTENTION_ORDERS' list, or None for torch's order (set by GPT.prefer_attention)
         self.n_head, self.n_kv_head, self.hs = config.n_head, config.kv_heads, config.n_embd // config.n_head
         # q, k, v in one matmul; with GQA the k and v parts are n_kv_head heads wide
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.hs, bias=config.bias)
@@ -139,8 +148,9 @@ class CausalSelfAttention(nn.Module):
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         # flash attention where the device has it; the causal mask is built in, never materialised. One new
         # token against the cache attends to every key, so it needs no mask.
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=k.size(2) == T)
+        with nullcontext() if self.kernels is None else sdpa_kernel(self.kernels, set_priority=True):
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                               is_causal=k.size(2) == T)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -320,6 +330,12 @@ class GPT(nn.Module):
             logits = self.lm_head(x if all_logits else x[:, [-1], :])
             loss = None
         return logits, loss
+
+    def prefer_attention(self, kernel: str):
+        """Which attention kernel to try first, a key of ATTENTION_ORDERS; before torch.compile, which bakes the
+        choice into its graph. The arithmetic is the same; the kernels round differently."""
+        for block in self.transformer.h:
+            block.attn.kernels = ATTENTION_ORDERS[kernel]
 
     def crop_block_size(self, block_size: int):
         """Shrink the context length, e.g. to finetune GPT-2 (1024) with a smaller block_size."""

@@ -112,6 +112,7 @@ dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GP
 compile = True  # torch.compile the model: slower start, faster steps
 compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 fp8 = False  # the transformer blocks' matmuls in float8 with dynamic scaling (fp8.py): faster on GPUs of compute capability 8.9+ (H100, L4, RTX 4090); the head, embeddings, norms and the saved weights stay as they are
+attention_kernel = "auto"  # the attention kernel tried first on CUDA: 'auto' (torch's order, FlashAttention first) or 'cudnn' (cuDNN's, where it serves the shape, else as 'auto'; faster on Hopper by others' benchmarks) [attention_kernel in ('auto', 'cudnn')]
 sync_every_step = False  # read each step's skip and stop verdicts on the host (a device sync per step); False reads them once per log line
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
@@ -348,6 +349,7 @@ if __name__ == "__main__":
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     report.print(f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps x "
                  f"{batch_size} sequences x {block_size} tokens)")
+    model.prefer_attention(attention_kernel)
     if fp8:
         report.print(f"fp8: {use_fp8(model, batch_size * block_size)} matmuls in the blocks run in float8, the "
                      f"head in {dtype}")

@@ -308,6 +308,7 @@ FASTPATHS = [
     (f"chunked loss (loss_chunk={LOSS_CHUNK}) vs full logits", f"--loss_chunk={LOSS_CHUNK}", False),
     ("chunked loss at batch 24 vs full logits at batch 12", f"--loss_chunk={LOSS_CHUNK} --batch_size=24", False),
     ("compile vs eager, GPT-2 124M batch 12", "--compile=False", True),
+    ("cuDNN attention first vs torch's order (FlashAttention)", "--attention_kernel=cudnn", False),
     ("compile reduce-overhead (CUDA graphs) vs default", "--compile_mode=reduce-overhead", False),
     ("activation checkpointing vs off (its cost)", "--activation_checkpointing=True", False),
     ("Muon vs AdamW (the optimizer step's cost)", "--optimizer=muon", False),

@@ -61,6 +61,40 @@ def test_bf16_compiled_model_matches_eager_and_learns_with_fused_adamw():
     assert loss.item() < eager_loss.item() - 2.0  # memorising one batch
 
 
+def test_cudnn_attention_first_runs_cudnns_kernel_compiled_and_matches_torchs_order():
+    """attention_kernel='cudnn' (GPT.prefer_attention): compiled, in bf16, the attention runs cuDNN's kernel where the
+    GPU has it (Hopper here; torch's own order runs FlashAttention), with the loss and gradients of torch's order
+    to bf16 rounding."""
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=128, vocab_size=256, n_layer=2, n_head=4, n_embd=256, bias=False)
+    models = [GPT(config).cuda(), GPT(config).cuda()]
+    models[1].load_state_dict(models[0].state_dict())
+    models[1].prefer_attention("cudnn")
+    tokens = torch.randint(256, (8, 129), device="cuda")
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    losses, grads, ops = [], [], []
+    for model in models:
+        compiled = torch.compile(model)
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = compiled(x, y)
+            loss.backward()
+            return loss
+        step()  # compiles
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            loss = step()
+        losses.append(loss.item())
+        grads.append([p.grad.float() for p in model.parameters()])
+        ops.append({event.name for event in prof.events()})
+    assert not any("cudnn_attention" in op for op in ops[0]), sorted(op for op in ops[0] if "attention" in op)
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert "aten::_scaled_dot_product_cudnn_attention" in ops[1], sorted(op for op in ops[1] if "attention" in op)
+    assert abs(losses[0] - losses[1]) < 2e-2
+    assert all((a - b).norm() <= 0.05 * a.norm() + 1e-6 for a, b in zip(*grads))
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="fp8 matmuls need compute capability 8.9+")
 def test_fp8_compiled_training_on_the_gpu_follows_bf16(gpu_data, tmp_path):

@@ -79,3 +79,31 @@ def test_a_model_with_a_chunked_loss_trains_like_the_plain_one():
         _, loss_plain = plain(x, y)
         _, loss_chunked = chunked(x, y)
     assert loss_chunked.item() == pytest.approx(loss_plain.item(), rel=2e-2)
+
+
+def test_preferring_cudnn_attention_changes_no_number_and_reaches_the_compiled_graph():
+    """On a CPU the preference changes nothing: the same loss and gradients, eager and compiled. torch.compile
+    must bake it into the graph (tests/test_cuda.py checks there that cuDNN's kernel then runs), so a model that
+    prefers it gets a graph of its own that sets the order around attention and puts torch's back after."""
+    plain, cudnn = tiny_gpt(), tiny_gpt()
+    cudnn.prefer_attention("cudnn")
+    tokens = torch.randint(37, (4, 17), generator=torch.Generator().manual_seed(2))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    order = torch._C._get_sdp_priority_order()
+    graphs = []
+
+    def record(gm, inputs):  # a torch.compile backend that keeps the graph's calls and runs it as traced
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+    for run in (lambda m: m, lambda m: torch.compile(m, backend=record, fullgraph=True)):
+        losses, grads = [], []
+        for model in (plain, cudnn):
+            model.zero_grad(set_to_none=True)
+            _, loss = run(model)(x, y)
+            loss.backward()
+            losses.append(loss)
+            grads.append([p.grad for p in model.parameters()])
+        assert torch.equal(losses[0], losses[1])
+        assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert [sum("sdpa_kernel" in call for call in graph) for graph in graphs] == [0, 4]  # set and reset in 2 layers
+    assert torch._C._get_sdp_priority_order() == order
