@@ -363,10 +363,10 @@ def trainer_ms(out_dir: str, skip: int) -> float:
 NANO_SHAPES = [(8, 12), (2, 48)]
 
 
-def nanogpt_rows(ms: dict, block_size: int) -> list[tuple[str, bool, str]]:
+def nanogpt_rows(ms: dict, block_size: int, flags: str = "") -> list[tuple[str, bool, str]]:
     """The nanogpt step's rows from the median ms/step of its runs, keyed (trainer, micro-steps, sequences) with
-    trainer 'nanogpt', 'ours' or 'ours_fp8' (None: the run failed). Every shape moves the same tokens per step, so
-    a ratio of step times is the inverse ratio of tokens/s."""
+    trainer 'nanogpt', 'ours' or 'ours_fp8' (None: the run failed); flags: what ours ran with beyond its defaults.
+    Every shape moves the same tokens per step, so a ratio of step times is the inverse ratio of tokens/s."""
     (n1, b1), (n2, b2) = NANO_SHAPES
 
     def side(key) -> str:
@@ -380,17 +380,17 @@ def nanogpt_rows(ms: dict, block_size: int) -> list[tuple[str, bool, str]]:
     rows = []
     for what, b, a in pairs:
         ok = ms.get(a) is not None and ms.get(b) is not None
-        rows.append((f"{what}, {n1 * b1} x {block_size} tokens/step", ok,
+        rows.append((f"{what}, {n1 * b1} x {block_size} tokens/step" + (f", ours with `{flags}`" if flags else ""), ok,
                      f"{ms[a] / ms[b]:.2f}x tokens/s: {side(b)} against {side(a)} (medians of steps 6+, separate processes)"
                      if ok else f"see logs/{a[0]}_{a[1]}x{a[2]}.log and logs/{b[0]}_{b[1]}x{b[2]}.log"))
     return rows
 
 
 def step_nanogpt(suite: Suite, args):
-    """With --nanogpt: nanoGPT's train.py and ours on the same synthetic tokens and the same tokens per step, at
-    nanoGPT's GPT-2 micro-batch and at a larger one, and ours with fp8 where the GPU has it. On a GPU, GPT-2 124M
-    in bf16 with compile; on a CPU, a tiny fp32 model, eager (scripts/compare_nanogpt.py times the README's CPU
-    command)."""
+    """With --nanogpt: nanoGPT's train.py and ours (its defaults and --ours_flags) on the same synthetic tokens and
+    the same tokens per step, at nanoGPT's GPT-2 micro-batch and at a larger one, and ours with fp8 where the GPU has
+    it. On a GPU, GPT-2 124M in bf16 with compile; on a CPU, a tiny fp32 model, eager (scripts/compare_nanogpt.py
+    times the README's CPU command)."""
     if not args.nanogpt:
         return
     import numpy as np
@@ -415,10 +415,10 @@ def step_nanogpt(suite: Suite, args):
         fp8 = FP8_GPU and (n, b) != NANO_SHAPES[0]
         for trainer, extra in [("ours", [])] + ([("ours_fp8", ["--fp8=True"])] if fp8 else []):
             out_dir = os.path.join(args.work, f"{trainer}_{n}x{b}")
-            code, _ = suite.run(f"{trainer}_{n}x{b}", [sys.executable, "train.py", *common, *shape, *extra,
-                                                      f"--out_dir={out_dir}", "--overwrite=True"], 600)
+            code, _ = suite.run(f"{trainer}_{n}x{b}", [sys.executable, "train.py", *common, *shape, *args.ours_flags.split(),
+                                                      *extra, f"--out_dir={out_dir}", "--overwrite=True"], 600)
             ms[trainer, n, b] = trainer_ms(out_dir, 5) if code == 0 else None
-    for row in nanogpt_rows(ms, block_size):
+    for row in nanogpt_rows(ms, block_size, args.ours_flags):
         suite.row(*row)
 
 
@@ -431,6 +431,8 @@ if __name__ == "__main__":
     parser.add_argument("--char_iters", type=int, default=0, help="steps of the Shakespeare char runs (0: 2000, 20 on a CPU)")
     parser.add_argument("--nanogpt", default="", help="a nanoGPT checkout, to time its train.py beside ours")
     parser.add_argument("--trainer_iters", type=int, default=25, help="steps of each trainer in the nanogpt step")
+    parser.add_argument("--ours_flags", default="", help="train.py flags for our runs in the nanogpt step, e.g. the speed "
+                                                          "settings the fastpaths step found faster")
     parser.add_argument("--char_data", default="", help="a prepared tiny Shakespeare char dataset (else prepared in --work)")
     parser.add_argument("--char_text", default="", help="tiny Shakespeare's text, for the prepare (else prepare.py's own search)")
     args = parser.parse_args()

@@ -323,3 +323,4 @@ def test_the_gpu_suite_reckons_the_nanogpt_ratios_as_tokens_per_second_of_the_sa
     rows = nanogpt_rows(ms, 1024)
     assert all(ok for _, ok, _ in rows) and len(rows) == 5
     assert [text.split("x tokens/s")[0] for _, _, text in rows] == ["1.10", "1.02", "1.25", "2.00", "1.60"]
+    assert all(what.endswith(", ours with `--loss_chunk=4096`") for what, _, _ in nanogpt_rows(ms, 1024, "--loss_chunk=4096"))
