@@ -105,11 +105,15 @@ def rotate(x, cos, sin):
     return (x * cos + rotated * sin).to(x.dtype)
 
 
-# The attention kernels scaled_dot_product_attention tries, in order, for GPT.prefer_attention: 'auto' is torch's own
-# order (FlashAttention first on CUDA); 'cudnn' tries cuDNN's first (faster on Hopper by others' benchmarks) and the
-# rest after it in torch's order, so a shape cuDNN cannot serve runs as before. Every kernel stays allowed.
-ATTENTION_ORDERS = {"auto": None, "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-                                            SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.OVERRIDEABLE]}
+# The order in which scaled_dot_product_attention tries its kernels, for GPT.prefer_attention. 'auto' is torch's
+# own: in recent releases cuDNN's kernel first on Hopper and Blackwell with a cuDNN newer than 9.15, elsewhere
+# FlashAttention first. 'flash' and 'cudnn' put that kernel first whatever the GPU, the rest after it, so a shape
+# it cannot serve runs on the next. Every kernel stays allowed.
+ATTENTION_ORDERS = {"auto": None,
+                    "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
+                              SDPBackend.CUDNN_ATTENTION, SDPBackend.OVERRIDEABLE],
+                    "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                              SDPBackend.MATH, SDPBackend.OVERRIDEABLE]}
 
 
 class CausalSelfAttention(nn.Module):

@@ -61,19 +61,18 @@ def test_bf16_compiled_model_matches_eager_and_learns_with_fused_adamw():
     assert loss.item() < eager_loss.item() - 2.0  # memorising one batch
 
 
-def test_cudnn_attention_first_runs_cudnns_kernel_compiled_and_matches_torchs_order():
-    """attention_kernel='cudnn' (GPT.prefer_attention): compiled, in bf16, the attention runs cuDNN's kernel where the
-    GPU has it (Hopper here; torch's own order runs FlashAttention), with the loss and gradients of torch's order
-    to bf16 rounding."""
+def test_attention_kernel_flash_and_cudnn_run_their_kernels_compiled_with_the_same_numbers():
+    """attention_kernel='flash' and 'cudnn' (GPT.prefer_attention): compiled, in bf16, each runs its kernel (cuDNN's
+    where the GPU has it: sm90+ here), with the same loss and gradients to bf16 rounding."""
     torch.manual_seed(0)
     config = GPTConfig(block_size=128, vocab_size=256, n_layer=2, n_head=4, n_embd=256, bias=False)
-    models = [GPT(config).cuda(), GPT(config).cuda()]
-    models[1].load_state_dict(models[0].state_dict())
-    models[1].prefer_attention("cudnn")
+    models = {"flash": GPT(config).cuda(), "cudnn": GPT(config).cuda()}
+    models["cudnn"].load_state_dict(models["flash"].state_dict())
     tokens = torch.randint(256, (8, 129), device="cuda")
     x, y = tokens[:, :-1], tokens[:, 1:]
-    losses, grads, ops = [], [], []
-    for model in models:
+    losses, grads, ops = {}, {}, {}
+    for kernel, model in models.items():
+        model.prefer_attention(kernel)
         compiled = torch.compile(model)
 
         def step():
@@ -84,15 +83,14 @@ def test_cudnn_attention_first_runs_cudnns_kernel_compiled_and_matches_torchs_or
             return loss
         step()  # compiles
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            loss = step()
-        losses.append(loss.item())
-        grads.append([p.grad.float() for p in model.parameters()])
-        ops.append({event.name for event in prof.events()})
-    assert not any("cudnn_attention" in op for op in ops[0]), sorted(op for op in ops[0] if "attention" in op)
+            losses[kernel] = step().item()
+        grads[kernel] = [p.grad.float() for p in model.parameters()]
+        ops[kernel] = sorted({event.name for event in prof.events() if "attention" in event.name})
+    assert "aten::_scaled_dot_product_flash_attention" in ops["flash"] and not any("cudnn" in op for op in ops["flash"]), ops
     if torch.cuda.get_device_capability() >= (9, 0):
-        assert "aten::_scaled_dot_product_cudnn_attention" in ops[1], sorted(op for op in ops[1] if "attention" in op)
-    assert abs(losses[0] - losses[1]) < 2e-2
-    assert all((a - b).norm() <= 0.05 * a.norm() + 1e-6 for a, b in zip(*grads))
+        assert "aten::_scaled_dot_product_cudnn_attention" in ops["cudnn"], ops
+    assert abs(losses["flash"] - losses["cudnn"]) < 2e-2
+    assert all((a - b).norm() <= 0.05 * a.norm() + 1e-6 for a, b in zip(grads["flash"], grads["cudnn"]))
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),

@@ -81,10 +81,10 @@ def test_a_model_with_a_chunked_loss_trains_like_the_plain_one():
     assert loss_chunked.item() == pytest.approx(loss_plain.item(), rel=2e-2)
 
 
-def test_preferring_cudnn_attention_changes_no_number_and_reaches_the_compiled_graph():
-    """On a CPU the preference changes nothing: the same loss and gradients, eager and compiled. torch.compile
-    must bake it into the graph (tests/test_cuda.py checks there that cuDNN's kernel then runs), so a model that
-    prefers it gets a graph of its own that sets the order around attention and puts torch's back after."""
+def test_preferring_an_attention_kernel_changes_no_number_and_reaches_the_compiled_graph():
+    """On a CPU attention_kernel changes nothing: the same loss and gradients, eager and compiled. torch.compile
+    must bake it into the graph (tests/test_cuda.py checks on a GPU that the kernel asked for then runs), so a model
+    that prefers one gets a graph of its own that sets the order around attention and puts torch's back after."""
     plain, cudnn = tiny_gpt(), tiny_gpt()
     cudnn.prefer_attention("cudnn")
     tokens = torch.randint(37, (4, 17), generator=torch.Generator().manual_seed(2))
