@@ -35,7 +35,7 @@ STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "nanogpt", "autotune"]
 # Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
 # 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
 # the logs of the next run. The budget starts no step that would not end in time.
-GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 150, "options": 200, "nanogpt": 240, "autotune": 300}
+GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 170, "options": 200, "nanogpt": 240, "autotune": 300}
 ON_GPU = False  # set in __main__: whether this machine has CUDA (else the reduced CPU version runs)
 FP8_GPU = False  # and whether it has fp8 matmuls (compute capability 8.9+)
 LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
@@ -58,7 +58,7 @@ class Suite:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env={**os.environ, "WANDB_MODE": "disabled", **(env or {})})
+                                env={**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})})
         self.jobs.append(proc)
         return {"name": name, "proc": proc, "log": log, "file": f, "t0": time.time()}
 
@@ -151,9 +151,10 @@ def compare(suite: Suite, name: str, rows: list[tuple[str, str, bool]]):
 # ---- the steps
 def step_env(suite: Suite, args):
     code, output = suite.run("env", [sys.executable, "-c", (
-        "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, "
-        "'cuda', torch.version.cuda); print('gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0), "
-        "torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else print('no GPU: the reduced CPU suite')")],
+        "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', "
+        "torch.version.cuda, 'cudnn', torch.backends.cudnn.version()); print('gpus', torch.cuda.device_count(), "
+        "torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else "
+        "print('no GPU: the reduced CPU suite')")],
                              120)
     if ON_GPU:  # side-by-side checks need a compute mode that lets several processes share the GPU
         smi = suite.run("nvidia_smi", ["nvidia-smi", "--query-gpu=name,compute_mode,memory.total,driver_version",
@@ -308,7 +309,8 @@ FASTPATHS = [
     (f"chunked loss (loss_chunk={LOSS_CHUNK}) vs full logits", f"--loss_chunk={LOSS_CHUNK}", False),
     ("chunked loss at batch 24 vs full logits at batch 12", f"--loss_chunk={LOSS_CHUNK} --batch_size=24", False),
     ("compile vs eager, GPT-2 124M batch 12", "--compile=False", True),
-    ("cuDNN attention first vs torch's order (FlashAttention)", "--attention_kernel=cudnn", False),
+    ("FlashAttention first vs torch's choice (attention_kernel=auto)", "--attention_kernel=flash", False),
+    ("cuDNN attention first vs torch's choice (attention_kernel=auto)", "--attention_kernel=cudnn", False),
     ("compile reduce-overhead (CUDA graphs) vs default", "--compile_mode=reduce-overhead", False),
     ("activation checkpointing vs off (its cost)", "--activation_checkpointing=True", False),
     ("Muon vs AdamW (the optimizer step's cost)", "--optimizer=muon", False),
@@ -392,6 +394,7 @@ def step_nanogpt(suite: Suite, args):
     it. On a GPU, GPT-2 124M in bf16 with compile; on a CPU, a tiny fp32 model, eager (scripts/compare_nanogpt.py
     times the README's CPU command)."""
     if not args.nanogpt:
+        suite.row("this train.py against nanoGPT's", None, "no --nanogpt=PATH given")
         return
     import numpy as np
     data_dir = os.path.join(args.work, "synthetic_tokens")
@@ -436,10 +439,14 @@ if __name__ == "__main__":
     parser.add_argument("--char_data", default="", help="a prepared tiny Shakespeare char dataset (else prepared in --work)")
     parser.add_argument("--char_text", default="", help="tiny Shakespeare's text, for the prepare (else prepare.py's own search)")
     args = parser.parse_args()
+    args.work = os.path.abspath(args.work)  # the nanogpt step runs nanoGPT's train.py in its own folder
     chosen = args.only.split(",")
     unknown = set(chosen) - set(STEPS)
     if unknown:
         sys.exit(f"error: unknown steps {sorted(unknown)}: choose among {','.join(STEPS)}")
+    if re.search(r"--(batch_size|gradient_accumulation_steps|block_size)=", args.ours_flags):
+        sys.exit(f"error: --ours_flags={args.ours_flags!r} sets the batch shape, which the nanogpt step sets for both "
+                 "trainers alike: leave it out")
     import torch
     ON_GPU = torch.cuda.is_available()
     FP8_GPU = ON_GPU and torch.cuda.get_device_capability() >= (8, 9)
@@ -448,7 +455,7 @@ if __name__ == "__main__":
     left_out = []  # steps not started, or stopped at the budget's end: the next call's --only
     try:
         for name in (s for s in STEPS if s in chosen):
-            needs = GPU_SECONDS[name] if ON_GPU else 10
+            needs = 0 if name == "nanogpt" and not args.nanogpt else GPU_SECONDS[name] if ON_GPU else 10
             if needs > suite.left():
                 left_out.append(name)
                 suite.row(f"step {name}", None, f"about {needs} s, {max(0, suite.left()):.0f} s of the "

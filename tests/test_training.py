@@ -279,6 +279,7 @@ def test_the_gpu_suite_runs_its_reduced_version_on_a_cpu(char_data, tmp_path):
                         f"--char_data={char_data}", cwd=str(tmp_path), timeout=600)
     assert result.returncode == 0, result.stderr
     rows = [line for line in open(tmp_path / "out" / "table.md").read().splitlines()[2:]]
+    assert rows.pop() == "| this train.py against nanoGPT's | not run | no --nanogpt=PATH given |"  # autotune: GPU only
     assert len(rows) >= 16 and all("| ok |" in row for row in rows), rows
     assert sum("x tokens/s (min" in row for row in rows) == 10  # 2 speed settings and 8 model options, one process each
     assert any(row.startswith("| fast path vs plain path") and "another seed" in row for row in rows)
