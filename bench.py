@@ -97,7 +97,7 @@ dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GP
 compile = True  # torch.compile the model (after a test compile; without it where that fails)
 compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 fp8 = False  # as in train.py: the blocks' matmuls in float8 (see fp8.py)
-attention_kernel = "auto"  # as in train.py: the attention kernel tried first on CUDA, 'auto', 'flash' or 'cudnn' [attention_kernel in ('auto', 'flash', 'cudnn')]
+attention_kernel = "auto"  # as in train.py: the attention kernel on CUDA, 'auto', 'flash' or 'cudnn' [attention_kernel in ('auto', 'flash', 'cudnn')]
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 # train.py settings that do not change what a step costs: a training config file may set them, and bench

@@ -105,21 +105,22 @@ def rotate(x, cos, sin):
     return (x * cos + rotated * sin).to(x.dtype)
 
 
-# The order in which scaled_dot_product_attention tries its kernels, for GPT.prefer_attention. 'auto' is torch's
-# own: in recent releases cuDNN's kernel first on Hopper and Blackwell with a cuDNN newer than 9.15, elsewhere
-# FlashAttention first. 'flash' and 'cudnn' put that kernel first whatever the GPU, the rest after it, so a shape
-# it cannot serve runs on the next. Every kernel stays allowed.
-ATTENTION_ORDERS = {"auto": None,
-                    "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
-                              SDPBackend.CUDNN_ATTENTION, SDPBackend.OVERRIDEABLE],
-                    "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                              SDPBackend.MATH, SDPBackend.OVERRIDEABLE]}
+# The attention kernels scaled_dot_product_attention may use, for GPT.prefer_attention: (kernels, whether their order
+# is the order to try them in). 'auto' is torch's own choice: in recent releases cuDNN's kernel first on Hopper and
+# Blackwell with a cuDNN newer than 9.15, elsewhere FlashAttention first. 'flash' turns cuDNN's kernel off, so
+# FlashAttention runs where it serves the shape. 'cudnn' tries cuDNN's kernel first and the rest after it. (torch
+# settles its own order at the first attention call on CUDA, and a 'cudnn' model run before any other in a process
+# leaves the unsettled order, FlashAttention first, to the 'auto' models after it: bench.py times 'auto' first.)
+ATTENTION_KERNELS = {"auto": None,
+                     "flash": ([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], False),
+                     "cudnn": ([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                SDPBackend.MATH, SDPBackend.OVERRIDEABLE], True)}
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.kernels = None  # ATTENTION_ORDERS' list, or None for torch's order (set by GPT.prefer_attention)
+        self.kernels = None  # a value of ATTENTION_KERNELS, None for torch's choice (set by GPT.prefer_attention)
         self.n_head, self.n_kv_head, self.hs = config.n_head, config.kv_heads, config.n_embd // config.n_head
         # q, k, v in one matmul; with GQA the k and v parts are n_kv_head heads wide
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.hs, bias=config.bias)
@@ -152,7 +153,7 @@ class CausalSelfAttention(nn.Module):
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         # flash attention where the device has it; the causal mask is built in, never materialised. One new
         # token against the cache attends to every key, so it needs no mask.
-        with nullcontext() if self.kernels is None else sdpa_kernel(self.kernels, set_priority=True):
+        with nullcontext() if self.kernels is None else sdpa_kernel(self.kernels[0], set_priority=self.kernels[1]):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
                                                is_causal=k.size(2) == T)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
@@ -336,10 +337,10 @@ class GPT(nn.Module):
         return logits, loss
 
     def prefer_attention(self, kernel: str):
-        """Which attention kernel to try first, a key of ATTENTION_ORDERS; before torch.compile, which bakes the
-        choice into its graph. The arithmetic is the same; the kernels round differently."""
+        """Which attention kernel to run, a key of ATTENTION_KERNELS; before torch.compile, which bakes the choice
+        into its graph. The arithmetic is the same; the kernels round differently."""
         for block in self.transformer.h:
-            block.attn.kernels = ATTENTION_ORDERS[kernel]
+            block.attn.kernels = ATTENTION_KERNELS[kernel]
 
     def crop_block_size(self, block_size: int):
         """Shrink the context length, e.g. to finetune GPT-2 (1024) with a smaller block_size."""

@@ -112,7 +112,7 @@ dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GP
 compile = True  # torch.compile the model: slower start, faster steps
 compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 fp8 = False  # the transformer blocks' matmuls in float8 with dynamic scaling (fp8.py): faster on GPUs of compute capability 8.9+ (H100, L4, RTX 4090); the head, embeddings, norms and the saved weights stay as they are
-attention_kernel = "auto"  # the attention kernel tried first on CUDA: 'auto' (torch's choice: cuDNN's on Hopper and Blackwell with a recent cuDNN, else FlashAttention), 'flash' or 'cudnn' (that one first, where it serves the shape) [attention_kernel in ('auto', 'flash', 'cudnn')]
+attention_kernel = "auto"  # the attention kernel on CUDA: 'auto' (torch's choice: cuDNN's first on Hopper and Blackwell with a recent cuDNN, else FlashAttention), 'flash' (cuDNN's off) or 'cudnn' (cuDNN's first, where it serves the shape) [attention_kernel in ('auto', 'flash', 'cudnn')]
 sync_every_step = False  # read each step's skip and stop verdicts on the host (a device sync per step); False reads them once per log line
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 

@@ -309,7 +309,7 @@ FASTPATHS = [
     (f"chunked loss (loss_chunk={LOSS_CHUNK}) vs full logits", f"--loss_chunk={LOSS_CHUNK}", False),
     ("chunked loss at batch 24 vs full logits at batch 12", f"--loss_chunk={LOSS_CHUNK} --batch_size=24", False),
     ("compile vs eager, GPT-2 124M batch 12", "--compile=False", True),
-    ("FlashAttention first vs torch's choice (attention_kernel=auto)", "--attention_kernel=flash", False),
+    ("FlashAttention (cuDNN's kernel off) vs torch's choice (attention_kernel=auto)", "--attention_kernel=flash", False),
     ("cuDNN attention first vs torch's choice (attention_kernel=auto)", "--attention_kernel=cudnn", False),
     ("compile reduce-overhead (CUDA graphs) vs default", "--compile_mode=reduce-overhead", False),
     ("activation checkpointing vs off (its cost)", "--activation_checkpointing=True", False),

@@ -84,9 +84,10 @@ def test_a_model_with_a_chunked_loss_trains_like_the_plain_one():
 def test_preferring_an_attention_kernel_changes_no_number_and_reaches_the_compiled_graph():
     """On a CPU attention_kernel changes nothing: the same loss and gradients, eager and compiled. torch.compile
     must bake it into the graph (tests/test_cuda.py checks on a GPU that the kernel asked for then runs), so a model
-    that prefers one gets a graph of its own that sets the order around attention and puts torch's back after."""
-    plain, cudnn = tiny_gpt(), tiny_gpt()
-    cudnn.prefer_attention("cudnn")
+    that prefers one gets a graph of its own that sets the kernels around attention and puts torch's back after."""
+    models = [tiny_gpt(), tiny_gpt(), tiny_gpt()]
+    models[1].prefer_attention("flash")
+    models[2].prefer_attention("cudnn")
     tokens = torch.randint(37, (4, 17), generator=torch.Generator().manual_seed(2))
     x, y = tokens[:, :-1], tokens[:, 1:]
     order = torch._C._get_sdp_priority_order()
@@ -97,13 +98,13 @@ def test_preferring_an_attention_kernel_changes_no_number_and_reaches_the_compil
         return gm.forward
     for run in (lambda m: m, lambda m: torch.compile(m, backend=record, fullgraph=True)):
         losses, grads = [], []
-        for model in (plain, cudnn):
+        for model in models:
             model.zero_grad(set_to_none=True)
             _, loss = run(model)(x, y)
             loss.backward()
             losses.append(loss)
             grads.append([p.grad for p in model.parameters()])
-        assert torch.equal(losses[0], losses[1])
-        assert all(torch.equal(a, b) for a, b in zip(*grads))
-    assert [sum("sdpa_kernel" in call for call in graph) for graph in graphs] == [0, 4]  # set and reset in 2 layers
-    assert torch._C._get_sdp_priority_order() == order
+        assert all(torch.equal(losses[0], loss) for loss in losses[1:])
+        assert all(torch.equal(a, b) for other in grads[1:] for a, b in zip(grads[0], other))
+    assert [sum("sdpa_kernel" in call for call in graph) for graph in graphs] == [0, 4, 4]  # set and reset, 2 layers
+    assert torch._C._get_sdp_priority_order() == order and torch.backends.cuda.cudnn_sdp_enabled()
