@@ -5,6 +5,7 @@ and the RNG states of every rank.
 import os
 import random
 import shutil
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -179,11 +180,19 @@ def take_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> str |
     saved = state.get("state", {})
     if any(key in saved and saved[key].get("exp_avg", p).shape != p.shape for key, p in enumerate(params)):
         return "its moments have other shapes"
-    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    load_optimizer_state(optimizer, state)
-    for group, own in zip(optimizer.param_groups, settings):  # the moments are taken, this run's settings kept
-        group.update(own)
+    with own_settings_kept(optimizer):
+        load_optimizer_state(optimizer, state)
     return None
+
+
+@contextmanager
+def own_settings_kept(optimizer: torch.optim.Optimizer):
+    """Around a load_state_dict: the saved moments are taken, but this run's settings (weight_decay, betas, Muon's
+    momentum and lr_scale, fused, ...) are put back over the saved ones, which load_state_dict restores."""
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    yield
+    for group, own in zip(optimizer.param_groups, settings):
+        group.update(own)
 
 
 def check_resume_shape(checkpoint_args: dict, config: dict, defaults: dict):
@@ -252,7 +261,8 @@ def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, 
     """Put a checkpoint's weights, optimizer and scaler state back, and this rank's RNG streams when the world
     size is the one that saved them. Returns the progress (PROGRESS_KEYS), wandb_run_id, evaluated, and
     rng_restored (False under another world size: the caller seeds fresh streams)."""
-    load_model_state(model, checkpoint["model"], path, optimizer, checkpoint["optimizer"])
+    with own_settings_kept(optimizer):  # a resume with --weight_decay=... changed takes the new value, as for lr
+        load_model_state(model, checkpoint["model"], path, optimizer, checkpoint["optimizer"])
     scaler.load_state_dict(checkpoint["scaler"])
     rng_restored = len(checkpoint["rng_states"]) == world_size
     if rng_restored:  # each rank continues its own dropout stream
