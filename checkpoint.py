@@ -263,7 +263,8 @@ def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, 
     rng_restored (False under another world size: the caller seeds fresh streams)."""
     with own_settings_kept(optimizer):  # a resume with --weight_decay=... changed takes the new value, as for lr
         load_model_state(model, checkpoint["model"], path, optimizer, checkpoint["optimizer"])
-    scaler.load_state_dict(checkpoint["scaler"])
+    if checkpoint["scaler"]:  # empty from a bf16 or fp32 run: a float16 resume starts its scaler afresh
+        scaler.load_state_dict(checkpoint["scaler"])
     rng_restored = len(checkpoint["rng_states"]) == world_size
     if rng_restored:  # each rank continues its own dropout stream
         set_rng_state(checkpoint["rng_states"][rank], device_type)

@@ -183,21 +183,38 @@ def test_save_checkpoint_replaces_whole_files_and_keeps_the_old_one_on_failure(t
     assert torch.load(path, weights_only=True) == {"iter_num": 2, "model": {}}
 
 
+def trained_checkpoint():
+    """A tiny model after one AdamW step (weight_decay 0.1, betas (0.9, 0.99)), its optimizer, and its checkpoint
+    as a bf16 or fp32 run saves it (the scaler disabled)."""
+    from checkpoint import training_state
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    idx = torch.randint(32, (2, 8))
+    model(idx, idx)[1].backward()
+    optimizer.step()
+    return model, optimizer, training_state(
+        model.state_dict(), optimizer.state_dict(), torch.amp.GradScaler("cpu", enabled=False), {}, {},
+        dict(iter_num=1, tokens=16, best_val_loss=9.0, best_iter=0), [], None, True, {})
+
+
 def test_a_resume_takes_the_saved_moments_but_this_runs_optimizer_settings():
     """load_state_dict would put the checkpoint's weight_decay and betas back, silently undoing the resumed
     run's --weight_decay and --beta2 (which its config.json records)."""
-    from checkpoint import restore_training_state, training_state
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
-    saved = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
-    idx = torch.randint(32, (2, 8))
-    model(idx, idx)[1].backward()
-    saved.step()
-    checkpoint = training_state(model.state_dict(), saved.state_dict(), torch.amp.GradScaler("cpu", enabled=False),
-                                {}, {}, dict(iter_num=1, tokens=16, best_val_loss=9.0, best_iter=0), [], None, True, {})
+    from checkpoint import restore_training_state
+    model, saved, checkpoint = trained_checkpoint()
     optimizer = model.configure_optimizers(0.0, 1e-3, (0.8, 0.5), "cpu")
     restore_training_state(checkpoint, "ckpt.pt", model, optimizer, torch.amp.GradScaler("cpu", enabled=False),
                            0, 1, "cpu")
     assert [(g["weight_decay"], g["betas"]) for g in optimizer.param_groups] == [(0.0, (0.8, 0.5))] * 2
     p = optimizer.param_groups[0]["params"][0]
     assert torch.equal(optimizer.state[p]["exp_avg"], saved.state[p]["exp_avg"])
+
+
+def test_a_bf16_checkpoint_resumes_as_float16_with_a_fresh_scaler():
+    """dtype=auto picks float16 on GPUs without bf16: a run moved to one resumes with a new GradScaler."""
+    from checkpoint import restore_training_state
+    model, optimizer, checkpoint = trained_checkpoint()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    restore_training_state(checkpoint, "ckpt.pt", model, optimizer, scaler, 0, 1, "cpu")
+    assert scaler.is_enabled() and scaler.get_scale() == 1024.0
