@@ -239,7 +239,8 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
             raise UserError(f"could not write {name} in {out_dir} ({e.strerror or e}): the previous {name} is "
                             "unchanged and ckpt.pt holds this step; free disk space or choose another out_dir") from e
     if keep_last_n > 0:
-        steps = sorted(f for f in os.listdir(out_dir) if f.startswith("ckpt_") and f.endswith(".pt"))
+        steps = sorted((f for f in os.listdir(out_dir) if f.startswith("ckpt_") and f.endswith(".pt")),
+                       key=lambda f: int(f[5:-3]) if f[5:-3].isdigit() else -1)  # by step: ckpt_10000000 is 8 digits
         for old in steps[:-keep_last_n]:
             os.remove(os.path.join(out_dir, old))
 

@@ -427,7 +427,7 @@ if __name__ == "__main__":
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
             save_checkpoint(training_state(model_state, optimizer_state, scaler, model_args, config, progress, rng_states,
                                            wandb_run_id, evaluated, data["vocabulary"]), os.path.join(out_dir, "ckpt.pt"))
-            publish_checkpoint(out_dir, iter_num, improved, keep_last_n)
+            publish_checkpoint(out_dir, iter_num, improved, keep_last_n if evaluated else 0)  # a signal's save: ckpt.pt only
             report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
         on_rank0(write, rank, world_size)
 

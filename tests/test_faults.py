@@ -101,7 +101,7 @@ def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run
 def test_a_second_ctrl_c_exits_at_once_and_a_repeated_sigterm_still_saves(char_data, tmp_path, second):
     """Under torchrun a scheduler's SIGTERM reaches each worker twice: directly and forwarded by torchrun."""
     out = str(tmp_path / "out")
-    proc = start(char_data, out, str(tmp_path), max_iters=100_000, n_layer=4, n_embd=256, n_head=4)
+    proc = start(char_data, out, str(tmp_path), max_iters=100_000, n_layer=4, n_embd=256, n_head=4, keep_last_n=2)
     wait_for_iter(out, 2, proc)
     proc.send_signal(signal.SIGTERM)
     for line in proc.stderr:  # wait until the first one has been handled
@@ -115,6 +115,8 @@ def test_a_second_ctrl_c_exits_at_once_and_a_repeated_sigterm_still_saves(char_d
     else:
         assert proc.returncode == 0
         assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["iter_num"] >= 2
+        # keep_last_n keeps evaluated checkpoints (every 4 steps): the signal's save takes no place among them
+        assert all(int(f[5:-3]) % 4 == 0 for f in os.listdir(out) if f.startswith("ckpt_"))
 
 
 def test_kill_9_at_random_moments_never_loses_the_run(char_data, tmp_path):
