@@ -6,7 +6,7 @@ process keeps 1/world_size of each weight, gradient and optimizer moment (as DTe
 weights are gathered just before it runs and freed after. Checkpoints hold the full, unsharded state in
 the same format as a single process or DDP writes (`full_state` gathers it; `load_state` takes each
 process's shard of it), so a run can resume as FSDP, DDP or one process, on any number of processes. The
-cost is one gather of the state onto every rank per save; torch.distributed.checkpoint would write shards
+cost is one gather of the state per save, tensor by tensor into rank 0's CPU memory; torch.distributed.checkpoint would write shards
 in parallel, but its folder of files would no longer be the ckpt.pt that sample.py, export.py and every
 resume path read.
 """
@@ -52,12 +52,20 @@ def like(value, param):
     return value
 
 
-def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, keep: bool) -> tuple[dict, dict]:
     """The model's and the optimizer's state_dict with every shard gathered: what a checkpoint holds. A
-    collective under FSDP (every rank calls it); the plain state_dicts otherwise."""
-    model_state = {k: full(v) for k, v in model.state_dict().items()}
+    collective under FSDP (every rank calls it); the plain state_dicts otherwise. Under FSDP each gathered
+    tensor goes to the CPU at once, kept only where `keep` (the rank that writes it; the others get None in
+    its place): whole on every GPU at once, weights and moments would need 12 more bytes per parameter there."""
+    def gathered(t):
+        if not is_dtensor(t):
+            return t
+        whole = t.full_tensor()
+        return whole.cpu() if keep else None
+
+    model_state = {k: gathered(v) for k, v in model.state_dict().items()}
     optimizer_state = optimizer.state_dict()
-    optimizer_state = {**optimizer_state, "state": {i: {k: full(v) for k, v in s.items()}
+    optimizer_state = {**optimizer_state, "state": {i: {k: gathered(v) for k, v in s.items()}
                                                     for i, s in optimizer_state["state"].items()}}
     return model_state, optimizer_state
 

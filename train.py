@@ -421,7 +421,7 @@ if __name__ == "__main__":
         """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it; when
         rank 0 cannot save, every rank stops with its message."""
         rng_states = gather_rng_states(device_type, world_size)
-        model_state, optimizer_state = full_state(raw_model, optimizer)  # gathered from every rank under FSDP
+        model_state, optimizer_state = full_state(raw_model, optimizer, keep=rank == 0)  # gathered under FSDP
 
         def write():
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
