@@ -6,15 +6,18 @@ Tokenizes your own corpus into the token files that train.py reads:
     python data/prepare.py --input notes/ --tokenizer char --out_dir data/notes_char
 
 --input takes files, folders (searched recursively) and globs of .txt (one document per file; files over
-1 MB are cut at paragraph breaks into documents of about 1 MB), .jsonl (one JSON object per line, text in
---text_field) and .parquet (needs pyarrow). Documents end with <|endoftext|>. Each document goes to val
-with probability --val_fraction, decided by a hash of its text, so the split does not depend on file order.
+1 MB are cut at paragraph breaks, or at line breaks where a paragraph runs past 2 MB, into documents of
+about 1 MB), .jsonl (one JSON object per line, text in --text_field) and .parquet (needs pyarrow).
+Documents end with <|endoftext|>. Each document goes to val with probability --val_fraction, decided by a
+hash of its text, so the split does not depend on file order.
 
 Writes {split}.bin, or {split}_000.bin, {split}_001.bin, ... with --shard_tokens, as uint16 when the
 vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files).
-Tokenization streams through worker processes, so memory stays bounded whatever the corpus size.
+Files are read as they are tokenized, through worker processes, so memory stays bounded whatever the
+corpus or file size.
 """
 import argparse
+import codecs
 import collections
 import glob
 import hashlib
@@ -59,56 +62,69 @@ def list_files(inputs: list[str]) -> list[str]:
     return files
 
 
-def split_paragraphs(text: str, max_chars: int = TXT_PIECE_CHARS) -> Iterator[str]:
-    """text in pieces of about max_chars, cut just after a blank line where there is one."""
-    start = 0
-    while len(text) - start > max_chars:
-        cut = text.find("\n\n", start + max_chars)
-        if cut == -1:
-            break
-        yield text[start:cut + 2]
-        start = cut + 2
-    yield text[start:]
+def split_paragraphs(chunks: Iterable[str], max_chars: int = TXT_PIECE_CHARS) -> Iterator[str]:
+    """The text that chunks make up, in pieces of about max_chars: cut just after the first blank line past
+    max_chars, or where none comes before twice that, just after the last line break before it (else right
+    there), so that no piece and no buffer outgrows 2 * max_chars however long the text."""
+    buffer = ""
+    for chunk in chunks:
+        buffer += chunk
+        while len(buffer) > max_chars:
+            cut = buffer.find("\n\n", max_chars, 2 * max_chars)
+            if cut != -1:
+                cut += 2
+            elif len(buffer) >= 2 * max_chars:
+                cut = buffer.rfind("\n", 0, 2 * max_chars) + 1 or 2 * max_chars
+            else:
+                break  # a blank line may still come in the next chunk
+            yield buffer[:cut]
+            buffer = buffer[cut:]
+    yield buffer
+
+
+def read_chunks(path: str, chunk_bytes: int = TXT_PIECE_CHARS) -> Iterator[str]:
+    """A text file's contents, chunk by chunk, line ends as \n; a PrepareError when it is not UTF-8 text (a
+    binary file, another encoding)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done, held = 0, ""  # bytes read before this chunk; a last "\r" whose "\n" may start the next chunk
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(chunk_bytes)
+            pending = len(decoder.getstate()[0])  # bytes of a character cut off at the end of the last chunk
+            try:
+                text = held + decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                raise PrepareError(f"{path} is not UTF-8 text (byte {done - pending + e.start} is "
+                                   f"0x{e.object[e.start]:02x}): convert it to UTF-8, or leave it out of --input") from None
+            if "\x00" in text:
+                raise PrepareError(f"{path} holds NUL bytes, so it is binary, not text: leave it out of --input")
+            done += len(raw)
+            held = "\r" if raw and text.endswith("\r") else ""
+            yield text[:len(text) - len(held)].replace("\r\n", "\n")
+            if not raw:
+                return
 
 
 def read_text(path: str) -> str:
-    """A text file's contents, or a PrepareError when it is not UTF-8 text (a binary file, another encoding)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PrepareError(f"{path} is not UTF-8 text (byte {e.start} is 0x{raw[e.start]:02x}): convert it to UTF-8, "
-                           "or leave it out of --input") from None
-    if "\x00" in text:
-        raise PrepareError(f"{path} holds NUL bytes, so it is binary, not text: leave it out of --input")
-    return text.replace("\r\n", "\n")
+    """A text file's contents (see read_chunks)."""
+    return "".join(read_chunks(path))
 
 
 def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
-    """The non-blank documents of each file in turn (see the module docstring for what a document is)."""
+    """The non-blank documents of each file in turn (see the module docstring for what a document is), read as
+    they are needed: memory does not grow with the size of a file."""
     for path in files:
         if path.endswith(".txt"):
-            yield from (doc for doc in split_paragraphs(read_text(path)) if doc.strip())
+            yield from (doc for doc in split_paragraphs(read_chunks(path)) if doc.strip())
         elif path.endswith(".jsonl"):
             with open(path, encoding="utf-8", errors="strict") as f:
                 try:
-                    lines = list(enumerate(f, 1))
+                    for line_number, line in enumerate(f, 1):
+                        text = jsonl_text(line, text_field, f"{path} line {line_number}") if line.strip() else ""
+                        if text.strip():
+                            yield text
                 except UnicodeDecodeError:
                     raise PrepareError(f"{path} is not UTF-8 text: convert it to UTF-8") from None
-            for line_number, line in lines:
-                if not line.strip():
-                    continue
-                try:
-                    text = json.loads(line)[text_field]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise PrepareError(f"{path} line {line_number}: not a JSON object with a '{text_field}' "
-                                       "field (set --text_field)") from None
-                if not isinstance(text, str):
-                    raise PrepareError(f"{path} line {line_number}: '{text_field}' is a {type(text).__name__}, "
-                                       "not a string")
-                if text.strip():
-                    yield text
         else:
             try:
                 import pyarrow.parquet as pq
@@ -124,6 +140,23 @@ def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
                         raise PrepareError(f"{path}: column '{text_field}' holds {type(text).__name__}, not strings")
                     if text and text.strip():
                         yield text
+
+
+def jsonl_text(line: str, text_field: str, where: str) -> str:
+    """The text of one jsonl line; a PrepareError naming `where` when the line is not a JSON object with a string
+    text_field, or the string holds a lone surrogate ("\\ud800"), which is no text."""
+    try:
+        text = json.loads(line)[text_field]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise PrepareError(f"{where}: not a JSON object with a '{text_field}' field (set --text_field)") from None
+    if not isinstance(text, str):
+        raise PrepareError(f"{where}: '{text_field}' is a {type(text).__name__}, not a string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PrepareError(f"{where}: '{text_field}' holds a lone surrogate escape such as \\ud800, which is no "
+                           "character: fix or drop that line") from None
+    return text
 
 
 def goes_to_val(text: str, val_fraction: float, seed: int) -> bool:

@@ -101,11 +101,45 @@ def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path):
         list(prepare.iter_documents([str(path)], "text"))
 
 
-def test_long_text_files_are_cut_at_paragraph_breaks():
+def test_long_text_files_are_cut_at_paragraph_breaks_whatever_the_chunks_they_arrive_in():
     text = "\n\n".join("x" * 100 for _ in range(50))
-    pieces = list(prepare.split_paragraphs(text, max_chars=1000))
+    pieces = list(prepare.split_paragraphs([text], max_chars=1000))
     assert "".join(pieces) == text and len(pieces) > 3
-    assert all(p.endswith("\n\n") for p in pieces[:-1])
+    assert all(p.endswith("\n\n") and 1000 < len(p) < 1110 for p in pieces[:-1])
+    assert list(prepare.split_paragraphs([text[i:i + 7] for i in range(0, len(text), 7)], max_chars=1000)) == pieces
+    # no blank line at all: cut after a line break, or hard, so that no piece (and no buffer) outgrows 2 x 1000
+    for runs_on in ("y" * 99 + "\n") * 60, "z" * 5000:
+        pieces = list(prepare.split_paragraphs([runs_on[i:i + 300] for i in range(0, len(runs_on), 300)], 1000))
+        assert "".join(pieces) == runs_on and max(map(len, pieces)) <= 2000 and len(pieces) >= 3
+
+
+def test_text_is_decoded_across_chunk_boundaries_and_its_errors_name_the_byte(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_bytes("é\r\nü€\r\n\r\nend\r".encode())  # multi-byte characters and \r\n cut by 3-byte chunks
+    assert "".join(prepare.read_chunks(str(path), chunk_bytes=3)) == "é\nü€\n\nend\r"
+    path.write_bytes("abcdé".encode() + b"\xff" + b"tail")
+    with pytest.raises(prepare.PrepareError, match=r"a.txt is not UTF-8 text \(byte 6 is 0xff\)"):
+        list(prepare.read_chunks(str(path), chunk_bytes=4))
+
+
+def test_documents_are_read_as_they_are_needed_not_a_whole_file_first(tmp_path):
+    """A multi-GB jsonl or txt must not be read into memory: the first document comes before a bad byte further on."""
+    jsonl = tmp_path / "dump.jsonl"
+    jsonl.write_bytes(json.dumps({"text": "first"}).encode() + b"\n" * 100_000 + b'{"text": "\xff"}\n')
+    txt = tmp_path / "big.txt"
+    txt.write_bytes(("x" * 1000 + "\n\n").encode() * 3000 + b"\xff")  # 3 MB, then a byte that is no UTF-8
+    for path in jsonl, txt:
+        documents = prepare.iter_documents([str(path)])
+        assert next(documents).startswith(("first", "x"))
+        with pytest.raises(prepare.PrepareError, match="is not UTF-8 text"):
+            list(documents)
+
+
+def test_a_lone_surrogate_in_jsonl_is_an_error_not_a_traceback(tmp_path):
+    path = tmp_path / "dump.jsonl"
+    path.write_text('{"text": "ok"}\n{"text": "half a pair \\ud800"}\n')
+    with pytest.raises(prepare.PrepareError, match=r"line 2: 'text' holds a lone surrogate"):
+        list(prepare.iter_documents([str(path)]))
 
 
 def test_inputs_that_match_nothing_are_an_error(tmp_path):
