@@ -464,7 +464,7 @@ if __name__ == "__main__":
     # ---- training loop
     skip_on_device = not sync_every_step and skips_on_device(optimizer)
     skipped_steps, in_a_row, worst_in_a_row = (torch.zeros((), device=device) for _ in range(3))
-    skipped_reported, evals_done, last_losses = 0, 0, None
+    skipped_reported, last_losses = 0, None
     t_start, train_time, start_iter = time.time(), 0.0, iter_num
     X, Y = train_batch(iter_num, 0)
     t_log, iters_since_log = time.time(), 0
@@ -481,7 +481,8 @@ if __name__ == "__main__":
             improved = math.isfinite(losses["val"]) and losses["val"] < best_val_loss  # NaN never becomes best
             if improved:
                 best_val_loss, best_iter = losses["val"], iter_num
-            last_losses, evals_done = losses, evals_done + 1
+            last_losses = losses
+            evals_done = -(-iter_num // eval_interval) + 1  # counting iter 0's; from the step, so a resume keeps the schedule
             if hellaswag and evals_done % hellaswag_interval == 0:  # the uncompiled model: items vary in length
                 losses["hellaswag"] = score(raw_model, *hellaswag, device, ctx, rank, world_size)["acc_norm"]
             report.eval(iter_num, tokens_seen, lr, losses)

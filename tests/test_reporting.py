@@ -109,15 +109,17 @@ def test_text_progress_line_and_quiet_mode(char_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_samples_during_training_go_to_stdout_and_a_file(char_data, tmp_path):
+def test_samples_during_training_go_to_stdout_and_a_file_on_the_same_schedule_across_a_resume(char_data, tmp_path):
     out = str(tmp_path / "out")
-    result = run_script("train.py", *tiny_args(char_data, out, max_iters=20, eval_interval=5, sample_interval=2,
-                                               sample_prompt="ROMEO:", sample_tokens=30), cwd=str(tmp_path))
-    assert result.returncode == 0, result.stderr
+    for max_iters, resume in ((10, "scratch"), (20, "resume")):  # every 2nd eval of iters 0, 5, 10, 15, 20
+        result = run_script("train.py", *tiny_args(char_data, out, max_iters=max_iters, lr_decay_iters=20,
+                                                   eval_interval=5, sample_interval=2, sample_prompt="ROMEO:",
+                                                   sample_tokens=30, init_from=resume), cwd=str(tmp_path))
+        assert result.returncode == 0, result.stderr
     with open(os.path.join(out, "samples.txt")) as f:
         text = f.read()
     assert text.count("---- iter ") == 2 and "---- iter 5 ----\nROMEO:" in text and "---- iter 15 ----" in text
-    assert "---- sample at iter 5 ----" in result.stdout
+    assert "---- sample at iter 15 ----" in result.stdout
 
 
 @pytest.mark.slow
