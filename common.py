@@ -4,6 +4,7 @@ dtype resolution, the autocast context, joining torchrun's process group, the co
 write that every file of the project goes through. It imports nothing from the project, and torch only
 inside the device helpers: data preparation and its worker processes use this module without loading torch.
 """
+import errno
 import importlib.util
 import json
 import os
@@ -218,6 +219,9 @@ def replace_durably(tmp: str, path: str):
     directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
         os.fsync(directory)
+    except OSError as e:  # some FUSE and network filesystems cannot sync a directory; the rename has happened
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.ENOSYS):
+            raise
     finally:
         os.close(directory)
 

@@ -1,4 +1,5 @@
 """The trainer's functions (train.py, dataset.py), called directly: importing them starts nothing."""
+import errno
 import json
 import os
 
@@ -227,3 +228,24 @@ def test_keep_last_n_deletes_the_oldest_steps_past_seven_digits(tmp_path):
         publish_checkpoint(str(tmp_path), step, False, 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "ckpt_10000000.pt", "ckpt_9999000.pt"]
     assert (tmp_path / "ckpt_10000000.pt").read_bytes() == b"10000000"
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.EIO], ids=["EINVAL", "EIO"])
+def test_a_filesystem_that_cannot_sync_a_directory_still_saves_but_a_failing_disk_does_not(tmp_path, monkeypatch, code):
+    """Some FUSE and network filesystems answer a directory's fsync with EINVAL, after the rename has happened."""
+    from common import replace_durably
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(code, os.strerror(code))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    (tmp_path / "new.tmp").write_text("new")
+    if code == errno.EIO:
+        with pytest.raises(OSError):
+            replace_durably(str(tmp_path / "new.tmp"), str(tmp_path / "file"))
+    else:
+        replace_durably(str(tmp_path / "new.tmp"), str(tmp_path / "file"))
+    assert (tmp_path / "file").read_text() == "new"
