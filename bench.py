@@ -342,13 +342,15 @@ def build(cfg: dict) -> dict:
 
 def bench_generate(cfg: dict):
     """Tokens/s of GPT.generate with the KV cache and without it, alternating over rounds, on one model with
-    random weights (speed does not depend on them); the two must give the same tokens."""
-    device_type, _, ctx, model = model_of(cfg)
+    random weights (speed does not depend on them); in float32 the two must give the same tokens. In 16 bits
+    their matmuls round differently (one token's row against the whole window's), so sampling drifts apart at
+    some point; the report says where."""
+    device_type, dtype, ctx, model = model_of(cfg)
     model.eval()
     prompt = torch.zeros((cfg["batch_size"], 1), dtype=torch.long, device=cfg["device"])
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, block_size {cfg['block_size']}, {cfg['batch_size']} "
           f"sample(s) of {cfg['gen_tokens']} tokens, device {cfg['device']}")
-    times, outputs = {True: [], False: []}, {}
+    times, outputs, agree = {True: [], False: []}, {}, []
     for r in range(cfg["rounds"]):
         for use_cache in (True, False):
             synchronize(device_type)
@@ -359,14 +361,19 @@ def bench_generate(cfg: dict):
                                                     use_cache=use_cache)
             synchronize(device_type)
             times[use_cache].append(time.perf_counter() - t0)
-        if not torch.equal(outputs[True], outputs[False]):
-            raise RuntimeError("generation with the KV cache gave other tokens than without it")
+        same = (outputs[True] == outputs[False]).all(dim=0).int().cumprod(0).sum().item() - prompt.size(1)  # new tokens alike
+        if dtype == "float32" and same < cfg["gen_tokens"]:
+            raise RuntimeError(f"generation with the KV cache gave other tokens than without it (from token {same})")
+        agree.append(same)
     tokens = cfg["batch_size"] * cfg["gen_tokens"]
     for use_cache, label in ((True, "with the KV cache"), (False, "without")):
         print(f"{label}: {tokens / statistics.median(times[use_cache]):,.0f} tokens/s (median of {cfg['rounds']} rounds)")
     ratios = sorted(b / a for a, b in zip(times[True], times[False]))
+    alike = "same tokens" if min(agree) == cfg["gen_tokens"] else \
+        f"in {dtype} the two part after {min(agree)} of {cfg['gen_tokens']} tokens (they round differently; float32 " \
+        "gives the same tokens)"
     print(f"cache/no-cache tokens/s: {statistics.median(ratios):.2f}x (min {ratios[0]:.2f}x, max {ratios[-1]:.2f}x), "
-          "same tokens")
+          + alike)
 
 
 def time_steps(run: dict, first: int, n: int) -> tuple[float, torch.Tensor]:

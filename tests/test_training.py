@@ -175,6 +175,19 @@ def test_bench_reports_time_per_iteration(tmp_path):
     assert "ms/iter" in result.stdout and "tokens/s" in result.stdout
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_times_generation_with_and_without_the_cache(tmp_path, dtype):
+    """float32 must give the same tokens both ways; bfloat16, a GPU's default, rounds the two differently, which
+    makes sampling part after a few dozen tokens here: reported, not an error."""
+    result = run_script("bench.py", "--mode=generate", "--device=cpu", "--n_layer=2", "--n_head=4", "--n_embd=128",
+                        "--vocab_size=500", "--block_size=128", "--batch_size=4", "--gen_tokens=200", "--rounds=1",
+                        "--seed=1", f"--dtype={dtype}", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "with the KV cache:" in result.stdout and "cache/no-cache tokens/s:" in result.stdout
+    alike = re.search(r"(same tokens|the two part after \d+ of 200 tokens)", result.stdout)
+    assert alike and (dtype == "bfloat16" or alike[1] == "same tokens")
+
+
 def test_bench_takes_a_training_config_and_compares_two_configs_in_one_process(char_data, tmp_path):
     result = run_script("bench.py", os.path.join(ROOT, "config", "train_shakespeare_char.py"), f"--dataset={char_data}",
                         "--device=cpu", "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32",
