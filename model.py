@@ -142,6 +142,7 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (self.hs,)), F.rms_norm(k, (self.hs,))
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
+        causal = not cache  # no cache, or prefill: the causal mask (a Python bool, also under dynamic shapes)
         if cache is not None:
             if cache and T > 1:
                 raise ValueError("a KV cache takes a prompt once, then one token per call")
@@ -152,10 +153,10 @@ class CausalSelfAttention(nn.Module):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         # flash attention where the device has it; the causal mask is built in, never materialised. One new
-        # token against the cache attends to every key, so it needs no mask.
+        # token against a filled cache attends to every key, so it needs no mask.
         with nullcontext() if self.kernels is None else sdpa_kernel(self.kernels[0], set_priority=self.kernels[1]):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                               is_causal=k.size(2) == T)
+                                               is_causal=causal)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 

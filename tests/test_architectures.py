@@ -112,6 +112,17 @@ def test_kv_cache_generation_gives_the_tokens_of_the_cache_free_path(options, te
     assert out[0].shape == (3, 35) and torch.equal(out[0], out[1])
 
 
+def test_generation_compiles_whole_under_dynamic_shapes_as_sample_py_compiles_it():
+    """sample.py compiles forward with dynamic=True; an is_causal that depended on a tensor size became a symbolic
+    bool there, which attention refuses, so every call fell back to eager. fullgraph=True fails on any break."""
+    torch.manual_seed(0)
+    model = GPT(config(pos_emb="rope", n_kv_head=2)).eval()
+    prompt = torch.randint(40, (2, 5))
+    eager = model.generate(prompt, 12, generator=torch.Generator().manual_seed(7))
+    model.forward = torch.compile(model.forward, dynamic=True, fullgraph=True, backend="eager")  # dynamo's tracing only
+    assert torch.equal(model.generate(prompt, 12, generator=torch.Generator().manual_seed(7)), eager)
+
+
 def test_kv_cache_logits_match_a_full_forward():
     torch.manual_seed(0)
     model = GPT(config(pos_emb="rope", n_kv_head=2)).eval()
