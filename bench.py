@@ -421,19 +421,31 @@ def variants_of(config: dict, compare: str) -> dict[str, dict]:
     return {("B" if len(configs) == 1 else f"B{i + 1}"): c for i, c in enumerate(configs)}
 
 
+class StoppedBuilding(BaseException):
+    """SIGTERM while --compare's configs are built: not an Exception, so that no config is reported as failed."""
+
+
 def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: int, rounds: int):
     """Config A and the --compare configs, timed in alternation in this one process: each one's tokens/s ratio
     to A, and its spread over rounds. A config that fails (out of memory, a compile error, fp8 on an older GPU)
     is reported and left out, the others go on, and the exit status is 1. SIGTERM (a caller's time limit) ends
-    the timing after the round in progress, and the rounds done are reported. Every config is compiled in this
-    process, so Dynamo may recompile the model's code once per config: its limit is raised to match."""
+    the timing after the round in progress, and the rounds done are reported; while the configs are still being
+    built (compiled), it stops the one in progress and times one round of those built, if A is among them. Every
+    config is compiled in this process, so Dynamo may recompile the model's code once per config: its limit is
+    raised to match."""
     configs = {"A": config, **variants_of(config, compare)}
     changed = sorted({k for c in configs.values() for k in c if c[k] != config[k]}, key=list(config).index)
     for label, c in configs.items():
         print(f"{label}: " + ", ".join(f"{k}={c[k]!r}" for k in changed))
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(configs))
-    stopped = []
-    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    stopped, building = [], [True]
+
+    def on_sigterm(*_):
+        stopped.append(True)
+        if building[0]:  # a compile can take a minute, longer than a caller waits after SIGTERM
+            raise StoppedBuilding
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     runs, times, failed = {}, {}, []
 
     def attempt(label: str, work):
@@ -453,12 +465,24 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
         runs[label], times[label] = build(c), []
         warm_up(runs[label], warmup_steps, f"{label} ")
 
-    for label, c in configs.items():
-        if stopped:
-            raise UserError("stopped by SIGTERM while the configs were built: nothing was timed")
-        attempt(label, lambda: start(label, c))
+    try:
+        for label, c in configs.items():
+            if stopped:  # in case a compile swallowed the exception
+                break
+            attempt(label, lambda: start(label, c))
+        building[0] = False
+    except StoppedBuilding:
+        building[0] = False
+        runs.pop(label, None), times.pop(label, None)
+    if stopped:
+        if "A" not in runs:
+            raise UserError("stopped by SIGTERM while A was built: nothing was timed")
+        unbuilt = [label for label in configs if label not in runs and label not in failed]
+        if unbuilt:
+            print(f"stopped by SIGTERM while the configs were built: {', '.join(unbuilt)} left out, one round of the "
+                  "others", flush=True)
     done = 0
-    while done < rounds and not stopped:
+    while done < rounds and (not stopped or not done):
         for label in list(runs):
             attempt(label, lambda: times[label].append(time_steps(runs[label], warmup_steps + done * num_steps,
                                                                   num_steps)[0]))

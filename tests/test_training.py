@@ -237,6 +237,26 @@ def test_bench_compare_stopped_by_sigterm_reports_the_rounds_it_timed(tmp_path):
     assert re.search(rf"^B/A tokens/s: [\d.]+x \(min [\d.]+x, max [\d.]+x over {done} rounds", "".join(lines), re.M)
 
 
+def test_bench_compare_stopped_while_building_times_one_round_of_the_configs_built(tmp_path):
+    """A step of the GPU suite cut off by its budget while configs still compile keeps the ratios of those built."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--device=cpu", "--compile=False",
+                             "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
+                             "--vocab_size=64", "--warmup_steps=500", "--num_steps=2", "--rounds=5",
+                             "--compare=--loss_chunk=40; --dropout=0.1"], cwd=str(tmp_path), stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("B1 warm-up:"):  # A and B1 are built; B2 is in its 500 warm-up steps
+            proc.send_signal(signal.SIGTERM)
+            break
+    output = "".join(lines + proc.stdout.readlines())
+    assert proc.wait(timeout=60) == 0, output
+    assert "while the configs were built: B2 left out, one round of the others" in output
+    assert "stopped by SIGTERM after 1 of 5 rounds" in output and "B2 warm-up" not in output
+    assert re.search(r"^B1/A tokens/s: [\d.]+x", output, re.M) and "B2/A" not in output
+
+
 def test_every_train_setting_is_a_bench_setting_or_declared_irrelevant_to_speed():
     import bench
     import train
