@@ -34,6 +34,14 @@ def smooth(values: list[float], weight: float) -> list[float]:
     return out
 
 
+def line_colors(n_runs: int, cycle: list, colormap) -> list:
+    """2 * n_runs distinct colours, the train lines' then the val lines': matplotlib's cycle while it has enough
+    (10), else evenly spaced along colormap."""
+    if 2 * n_runs <= len(cycle):
+        return list(cycle[:2 * n_runs])
+    return [colormap(k / (2 * n_runs - 1)) for k in range(2 * n_runs)]
+
+
 def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: bool = False):
     """Draw every run's metrics into one figure at out_path."""
     try:
@@ -47,10 +55,10 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
               ("tokens_per_sec", "tokens/s"), ("mfu", "MFU")]
     panels = [p for p in panels if any(p[0] in s or (p[0] == "loss" and "val_loss" in s) for s in runs.values())]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels) + 0.6), sharex=True, squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = line_colors(len(runs), plt.rcParams["axes.prop_cycle"].by_key()["color"], matplotlib.colormaps["turbo"])
     for (column, title), ax in zip(panels, axes[:, 0]):
         for i, (name, series) in enumerate(runs.items()):
-            color = colors[i % len(colors)]
+            color = colors[i]
             if column in series:
                 x, y = zip(*series[column])
                 ax.plot(x, smooth(list(y), smoothing) if column == "loss" else y, color=color, label=name, lw=1.2,
@@ -58,7 +66,7 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
             if column == "loss" and "val_loss" in series:
                 # val in a colour no train line uses, with black-edged markers on top, so train noise never hides it
                 x, y = zip(*series["val_loss"])
-                ax.plot(x, y, "D-", color=colors[(i + len(runs)) % len(colors)], ms=6, mec="black", mew=0.8, lw=1.5,
+                ax.plot(x, y, "D-", color=colors[i + len(runs)], ms=6, mec="black", mew=0.8, lw=1.5,
                         zorder=5, label=f"{name} val")
         ax.set_title(title, fontsize=10, loc="left")
         ax.grid(alpha=0.3)

@@ -26,6 +26,15 @@ def test_plot_renders_two_runs(char_data, tmp_path):
     assert image[..., :3].std() > 0.05  # something was drawn
 
 
+def test_plot_gives_every_train_and_val_line_its_own_colour_however_many_runs():
+    import matplotlib
+    from plot import line_colors
+    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n_runs in (1, 5, 6, 12):
+        colors = [matplotlib.colors.to_hex(c) for c in line_colors(n_runs, cycle, matplotlib.colormaps["turbo"])]
+        assert len(colors) == len(set(colors)) == 2 * n_runs, n_runs
+
+
 def test_plot_smoothing_is_debiased():
     from plot import smooth
     assert smooth([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])
