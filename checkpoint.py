@@ -5,7 +5,6 @@ and the RNG states of every rank.
 import os
 import random
 import shutil
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -180,19 +179,16 @@ def take_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> str |
     saved = state.get("state", {})
     if any(key in saved and saved[key].get("exp_avg", p).shape != p.shape for key, p in enumerate(params)):
         return "its moments have other shapes"
-    with own_settings_kept(optimizer):
-        load_optimizer_state(optimizer, state)
+    load_optimizer_state(optimizer, with_own_settings(optimizer, state))
     return None
 
 
-@contextmanager
-def own_settings_kept(optimizer: torch.optim.Optimizer):
-    """Around a load_state_dict: the saved moments are taken, but this run's settings (weight_decay, betas, Muon's
-    momentum and lr_scale, fused, ...) are put back over the saved ones, which load_state_dict restores."""
-    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    yield
-    for group, own in zip(optimizer.param_groups, settings):
-        group.update(own)
+def with_own_settings(optimizer: torch.optim.Optimizer, state: dict) -> dict:
+    """A saved optimizer state with this run's settings (weight_decay, betas, Muon's momentum and lr_scale, fused,
+    ...) in place of the saved ones, which load_state_dict would restore. Before the load, not after: torch places
+    each moment's step count by the fused and capturable flags it loads (on the GPU for a fused AdamW)."""
+    own = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    return {**state, "param_groups": [{**saved, **mine} for saved, mine in zip(state["param_groups"], own)]}
 
 
 def check_resume_shape(checkpoint_args: dict, config: dict, defaults: dict):
@@ -262,8 +258,8 @@ def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, 
     """Put a checkpoint's weights, optimizer and scaler state back, and this rank's RNG streams when the world
     size is the one that saved them. Returns the progress (PROGRESS_KEYS), wandb_run_id, evaluated, and
     rng_restored (False under another world size: the caller seeds fresh streams)."""
-    with own_settings_kept(optimizer):  # a resume with --weight_decay=... changed takes the new value, as for lr
-        load_model_state(model, checkpoint["model"], path, optimizer, checkpoint["optimizer"])
+    # a resume with --weight_decay=... changed takes the new value, as it does for the learning rate
+    load_model_state(model, checkpoint["model"], path, optimizer, with_own_settings(optimizer, checkpoint["optimizer"]))
     if checkpoint["scaler"]:  # empty from a bf16 or fp32 run: a float16 resume starts its scaler afresh
         scaler.load_state_dict(checkpoint["scaler"])
     rng_restored = len(checkpoint["rng_states"]) == world_size

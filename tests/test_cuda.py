@@ -110,6 +110,27 @@ def test_fp8_compiled_training_on_the_gpu_follows_bf16(gpu_data, tmp_path):
     assert sum(last) / 5 < sum(first) / 5 - 0.15  # it learns, as bf16 does in the test below
 
 
+def test_a_checkpoint_of_an_unfused_adamw_resumes_into_a_fused_one():
+    """A checkpoint from MPS (no fused AdamW) resumed on CUDA: torch places each step count by the fused flag it
+    loads, and the fused kernel wants them on the GPU, so the run's flag must be in place before the load."""
+    from checkpoint import restore_training_state, training_state
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64)).cuda()
+    idx = torch.randint(64, (2, 16), device="cuda")
+    saved = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "mps")  # fused=False, as on MPS
+    model(idx, idx)[1].backward()
+    saved.step()
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    checkpoint = training_state(model.state_dict(), saved.state_dict(), scaler, {}, {},
+                                dict(iter_num=1, tokens=32, best_val_loss=9.0, best_iter=0), [], None, True, {})
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cuda")
+    restore_training_state(checkpoint, "ckpt.pt", model, optimizer, scaler, 0, 1, "cuda")
+    assert all(g["fused"] for g in optimizer.param_groups)
+    assert all(s["step"].is_cuda for s in optimizer.state.values())
+    model(idx, idx)[1].backward()
+    optimizer.step()
+
+
 def test_resume_on_the_gpu_continues_an_unbroken_run(gpu_data, tmp_path):
     straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
     result = run_script("train.py", *gpu_args(gpu_data, straight), cwd=str(tmp_path))
