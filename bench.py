@@ -443,10 +443,11 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
     def on_sigterm(*_):
         stopped.append(True)
         if building[0]:  # a compile can take a minute, longer than a caller waits after SIGTERM
+            building[0] = False  # once: a second signal (timeout sends two) must not break the first one's unwinding
             raise StoppedBuilding
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    runs, times, failed = {}, {}, []
+    runs, times, failed, built = {}, {}, [], []
 
     def attempt(label: str, work):
         """work() for config `label`; a B config that raises is reported and left out."""
@@ -464,7 +465,9 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
     def start(label: str, c: dict):
         runs[label], times[label] = build(c), []
         warm_up(runs[label], warmup_steps, f"{label} ")
+        built.append(label)
 
+    label = "A"
     try:
         for label, c in configs.items():
             if stopped:  # in case a compile swallowed the exception
@@ -472,8 +475,8 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
             attempt(label, lambda: start(label, c))
         building[0] = False
     except StoppedBuilding:
-        building[0] = False
-        runs.pop(label, None), times.pop(label, None)
+        if label not in built:
+            runs.pop(label, None), times.pop(label, None)
     if stopped:
         if "A" not in runs:
             raise UserError("stopped by SIGTERM while A was built: nothing was timed")
