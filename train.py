@@ -153,23 +153,27 @@ def check_new_run(out_dir: str, overwrite: bool) -> list[str]:
 
 class StopFlag:
     """Set by the first SIGTERM or SIGINT (preemption, Ctrl-C, a scheduler's time limit), so the run can
-    finish its step, checkpoint and exit 0; a second Ctrl-C (SIGINT) exits at once. A repeated SIGTERM does
-    not: a scheduler such as Slurm signals every process of the job, and torchrun forwards its own copy to the
-    workers, so each worker gets two. A single process looks at the flag after every step; under DDP the ranks
-    agree on it every STOP_CHECK_STEPS steps (and at log lines)."""
+    finish its step, checkpoint and exit 0; a second signal exits at once, except a SIGTERM within
+    REPEAT_GRACE_S of the first: a scheduler such as Slurm signals every process of the job and torchrun
+    forwards its own copy, so each worker gets two at once. A single process looks at the flag after every
+    step; under DDP the ranks agree on it every STOP_CHECK_STEPS steps (and at log lines)."""
 
     def __init__(self):
-        self.requested = False
+        self.requested, self.first = False, 0.0
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            os._exit(128 + signum)
-        if not self.requested:
-            print(f"{signal.Signals(signum).name}: checkpointing after this step (under DDP, within {STOP_CHECK_STEPS} "
-                  "steps), then exiting (Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
-        self.requested = True
+        if self.requested:
+            if signum == signal.SIGINT or time.time() - self.first > REPEAT_GRACE_S:
+                os._exit(128 + signum)
+            return
+        self.requested, self.first = True, time.time()
+        print(f"{signal.Signals(signum).name}: checkpointing after this step (under DDP, within {STOP_CHECK_STEPS} "
+              "steps), then exiting (send it again to exit at once)", file=sys.stderr, flush=True)
+
+
+REPEAT_GRACE_S = 5  # a SIGTERM this soon after the first is the same one, forwarded
 
 
 STOP_CHECK_STEPS = 10  # under DDP: steps between the small all-reduce that lets a signal to one rank stop all

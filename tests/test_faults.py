@@ -99,7 +99,7 @@ def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run
 
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_second_ctrl_c_exits_at_once_and_a_repeated_sigterm_still_saves(char_data, tmp_path, second):
-    """Under torchrun a scheduler's SIGTERM reaches each worker twice: directly and forwarded by torchrun."""
+    """Under torchrun a scheduler's SIGTERM reaches each worker twice at once: directly and forwarded by torchrun."""
     out = str(tmp_path / "out")
     proc = start(char_data, out, str(tmp_path), max_iters=100_000, n_layer=4, n_embd=256, n_head=4, keep_last_n=2)
     wait_for_iter(out, 2, proc)
