@@ -220,8 +220,9 @@ def replace_durably(tmp: str, path: str):
     try:
         os.fsync(directory)
     except OSError as e:  # some FUSE and network filesystems cannot sync a directory; the rename has happened
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.ENOSYS):
-            raise
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise UserError(f"{path} was written, but syncing its folder failed ({e.strerror or e}), so a crash now "
+                            "could still lose it: check the disk") from None
     finally:
         os.close(directory)
 

@@ -243,8 +243,8 @@ def test_a_filesystem_that_cannot_sync_a_directory_still_saves_but_a_failing_dis
 
     monkeypatch.setattr(os, "fsync", fsync)
     (tmp_path / "new.tmp").write_text("new")
-    if code == errno.EIO:
-        with pytest.raises(OSError):
+    if code == errno.EIO:  # not "the previous file is unchanged": the rename has happened
+        with pytest.raises(UserError, match="file was written, but syncing its folder failed"):
             replace_durably(str(tmp_path / "new.tmp"), str(tmp_path / "file"))
     else:
         replace_durably(str(tmp_path / "new.tmp"), str(tmp_path / "file"))
