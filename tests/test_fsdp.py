@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from conftest import char_vocab_size, read_metrics, run_script, step_losses, tiny_args
+from conftest import ROOT, char_vocab_size, read_metrics, run_script, step_losses, tiny_args
 from memory import plan
 from model import GPT, GPTConfig
 
@@ -87,3 +87,44 @@ def test_non_finite_steps_in_a_row_stop_an_fsdp_run(char_data, tmp_path):
                         cwd=str(tmp_path), torchrun_procs=2)
     assert result.returncode != 0
     assert "3 steps in a row had a non-finite loss or gradient norm" in result.stderr
+
+
+
+FULL_STATE = """
+import gc, sys
+sys.path.insert(0, {root!r})
+import torch, torch.distributed as dist
+from model import GPT, GPTConfig
+from sharding import full_state, shard
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+shapes = {{k: v.shape for k, v in model.state_dict().items()}}
+shard(model, "float32")
+optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+x = torch.randint(64, (2, 16))
+model(x, x)[1].backward()
+optimizer.step()
+weights, moments = full_state(model, optimizer, keep=rank == 0)
+gathered = [*weights.values(), *(s["exp_avg"] for s in moments["state"].values())]
+if rank == 0:  # whole, plain tensors in host memory
+    ok = all(type(t) is torch.Tensor and t.device.type == "cpu" for t in gathered) and \\
+        all(weights[k].shape == shapes[k] for k in shapes)
+else:
+    ok = all(t is None for t in gathered)
+open(f"rank{{rank}}.txt", "w").write(str(ok))  # a file each: the two processes' prints can interleave
+dist.barrier()  # leave together, with nothing left holding the gloo group (as train.py ends)
+del model, optimizer
+gc.collect()
+dist.destroy_process_group()
+"""
+
+
+def test_a_save_gathers_the_whole_state_onto_rank_0_alone(tmp_path):
+    """Under FSDP every rank takes part in each gather, but only rank 0, which writes the checkpoint, keeps it."""
+    script = tmp_path / "full_state.py"
+    script.write_text(FULL_STATE.format(root=ROOT))
+    result = run_script(str(script), cwd=str(tmp_path), torchrun_procs=2)
+    assert result.returncode == 0, result.stderr
+    assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)] == ["True", "True"]
