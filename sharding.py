@@ -6,9 +6,9 @@ process keeps 1/world_size of each weight, gradient and optimizer moment (as DTe
 weights are gathered just before it runs and freed after. Checkpoints hold the full, unsharded state in
 the same format as a single process or DDP writes (`full_state` gathers it; `load_state` takes each
 process's shard of it), so a run can resume as FSDP, DDP or one process, on any number of processes. The
-cost is one gather of the state per save, tensor by tensor into rank 0's CPU memory; torch.distributed.checkpoint would write shards
-in parallel, but its folder of files would no longer be the ckpt.pt that sample.py, export.py and every
-resume path read.
+cost is one gather of the state per save, tensor by tensor into rank 0's CPU memory;
+torch.distributed.checkpoint would write shards in parallel, but its folder of files would no longer be the
+ckpt.pt that sample.py, export.py and every resume path read.
 """
 import sys
 

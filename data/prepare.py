@@ -5,11 +5,11 @@ Tokenizes your own corpus into the token files that train.py reads:
     python data/prepare.py --input dump.jsonl --text_field text --out_dir data/dump --shard_tokens 100_000_000
     python data/prepare.py --input notes/ --tokenizer char --out_dir data/notes_char
 
---input takes files, folders (searched recursively) and globs of .txt (one document per file; files over
-1 MB are cut at paragraph breaks, or at line breaks where a paragraph runs past 2 MB, into documents of
-about 1 MB), .jsonl (one JSON object per line, text in --text_field) and .parquet (needs pyarrow).
-Documents end with <|endoftext|>. Each document goes to val with probability --val_fraction, decided by a
-hash of its text, so the split does not depend on file order.
+--input takes files, folders (searched recursively) and globs of .txt (one document per file; files over 1 MB
+are cut into documents of 1 to 2 MB, at the first blank line past 1 MB, else at a line break), .jsonl (one
+JSON object per line, text in --text_field) and .parquet (needs pyarrow). Documents end with <|endoftext|>.
+Each document goes to val with probability --val_fraction, decided by a hash of its text, so the split does
+not depend on file order.
 
 Writes {split}.bin, or {split}_000.bin, {split}_001.bin, ... with --shard_tokens, as uint16 when the
 vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files).
@@ -63,9 +63,9 @@ def list_files(inputs: list[str]) -> list[str]:
 
 
 def split_paragraphs(chunks: Iterable[str], max_chars: int = TXT_PIECE_CHARS) -> Iterator[str]:
-    """The text that chunks make up, in pieces of about max_chars: cut just after the first blank line past
-    max_chars, or where none comes before twice that, just after the last line break before it (else right
-    there), so that no piece and no buffer outgrows 2 * max_chars however long the text."""
+    """The text that chunks make up, in pieces of max_chars to 2 * max_chars: cut just after the first blank line
+    past max_chars, or where none comes before twice that, just after the last line break before it (else right
+    there), so that memory stays bounded (about 2 * max_chars and one chunk) however long the text."""
     buffer = ""
     for chunk in chunks:
         buffer += chunk
