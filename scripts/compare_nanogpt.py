@@ -28,9 +28,16 @@ README_CPU_FLAGS = ("--device=cpu --compile=False --eval_iters=20 --log_interval
                     "--n_layer=4 --n_head=4 --n_embd=128 --lr_decay_iters=2000 --dropout=0.0 --wandb_log=False")
 
 
-def nanogpt_ms(output: str) -> list[float]:
-    """Per-step milliseconds from nanoGPT's 'iter N: loss L, time Tms' lines, past step 10."""
-    return [float(t) for i, t in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M) if int(i) > 10]
+def nanogpt_ms(output: str, skip: int) -> float | None:
+    """Median ms per step of a nanoGPT run, from its 'iter N: loss L, time Tms' lines past step `skip` (None: none)."""
+    times = [float(t) for i, t in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M) if int(i) > skip]
+    return statistics.median(times) if times else None
+
+
+def ours_ms(out_dir: str, skip: int) -> float | None:
+    """Median ms per step of a run of this trainer, from its metrics.csv past step `skip` (None: none)."""
+    times = [float(r["dt_ms"]) for r in metrics.read_rows(out_dir) if r["dt_ms"] and int(r["iter"]) > skip]
+    return statistics.median(times) if times else None
 
 
 def run(cmd: list[str], cwd: str) -> str:
@@ -63,19 +70,20 @@ if __name__ == "__main__":
             shutil.copy(os.path.join(args.nanogpt, f), os.path.join(nano, f))
         os.symlink(os.path.join(work, "data"), os.path.join(nano, "data"))
         flags = [*shlex.split(args.flags), f"--max_iters={args.iters}"]
-        ours_ms, nano_ms = [], []
+        ours_times, nano_times = [], []
         for r in range(args.rounds):
             out = os.path.join(work, f"ours_{r}")
             run([sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "config", "train_shakespeare_char.py"),
                  *flags, f"--dataset={data}", f"--out_dir={out}"], work)
-            ours_ms.append(statistics.median(float(row["dt_ms"]) for row in metrics.read_rows(out)
-                                             if row["dt_ms"] and int(row["iter"]) > 10))
+            ours_times.append(ours_ms(out, 10))
             output = run([sys.executable, "train.py", "config/train_shakespeare_char.py", *flags,
                           f"--out_dir={os.path.join(work, f'nano_{r}')}"], nano)
-            nano_ms.append(statistics.median(nanogpt_ms(output)))
-            print(f"round {r + 1}/{args.rounds}: ours {ours_ms[-1]:.2f} ms/step, nanoGPT {nano_ms[-1]:.2f} ms/step, "
-                  f"nanoGPT/ours {nano_ms[-1] / ours_ms[-1]:.3f}x", flush=True)
-    ratios = sorted(n / o for n, o in zip(nano_ms, ours_ms))
-    print(f"ours {statistics.median(ours_ms):.2f} ms/step, nanoGPT {statistics.median(nano_ms):.2f} ms/step (medians); "
+            nano_times.append(nanogpt_ms(output, 10))
+            if None in (ours_times[-1], nano_times[-1]):
+                sys.exit(f"error: a run logged no step past step 10 (ours {ours_times[-1]}, nanoGPT {nano_times[-1]})")
+            print(f"round {r + 1}/{args.rounds}: ours {ours_times[-1]:.2f} ms/step, nanoGPT {nano_times[-1]:.2f} ms/step, "
+                  f"nanoGPT/ours {nano_times[-1] / ours_times[-1]:.3f}x", flush=True)
+    ratios = sorted(n / o for n, o in zip(nano_times, ours_times))
+    print(f"ours {statistics.median(ours_times):.2f} ms/step, nanoGPT {statistics.median(nano_times):.2f} ms/step (medians); "
           f"ours is {statistics.median(ratios):.3f}x nanoGPT's speed (min {ratios[0]:.3f}x, max {ratios[-1]:.3f}x over "
           f"{args.rounds} rounds)")

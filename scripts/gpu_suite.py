@@ -29,8 +29,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import metrics  # noqa: E402  (the repository's own modules, from its root)
-from report import read_summary  # noqa: E402
+from report import read_summary  # noqa: E402  (the repository's own modules, from its root)
+from compare_nanogpt import nanogpt_ms, ours_ms  # noqa: E402  (a sibling script: the owner of both trainers' step times)
 STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "nanogpt", "autotune"]
 # Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
 # 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
@@ -355,11 +355,6 @@ def step_autotune(suite: Suite, args):
                                      "--compile_mode=max-autotune-no-cudagraphs", False)])
 
 
-def trainer_ms(out_dir: str, skip: int) -> float:
-    """Median ms per step of a run of ours, from its metrics.csv, after the first `skip` steps."""
-    return statistics.median(float(r["dt_ms"]) for r in metrics.read_rows(out_dir) if r["dt_ms"] and int(r["iter"]) > skip)
-
-
 # (micro-steps, sequences per micro-step) of the nanogpt step's runs: nanoGPT's GPT-2 micro-batch (its config's 40
 # micro-steps cut to 8 for time), and the same tokens per step as fewer, larger micro-batches (48 fits both trainers)
 NANO_SHAPES = [(8, 12), (2, 48)]
@@ -413,14 +408,13 @@ def step_nanogpt(suite: Suite, args):
         name = f"nanogpt_{n}x{b}"
         code, output = suite.run(name, [sys.executable, "train.py", *common, *shape, f"--out_dir={args.work}/{name}"],
                                  600, cwd=args.nanogpt)
-        times = [float(t) for i, t in re.findall(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", output) if int(i) > 5]
-        ms["nanogpt", n, b] = statistics.median(times) if code == 0 and times else None
+        ms["nanogpt", n, b] = nanogpt_ms(output, 5) if code == 0 else None
         fp8 = FP8_GPU and (n, b) != NANO_SHAPES[0]
         for trainer, extra in [("ours", [])] + ([("ours_fp8", ["--fp8=True"])] if fp8 else []):
             out_dir = os.path.join(args.work, f"{trainer}_{n}x{b}")
             code, _ = suite.run(f"{trainer}_{n}x{b}", [sys.executable, "train.py", *common, *shape, *args.ours_flags.split(),
                                                       *extra, f"--out_dir={out_dir}", "--overwrite=True"], 600)
-            ms[trainer, n, b] = trainer_ms(out_dir, 5) if code == 0 else None
+            ms[trainer, n, b] = ours_ms(out_dir, 5) if code == 0 else None
     for row in nanogpt_rows(ms, block_size, args.ours_flags):
         suite.row(*row)
 
