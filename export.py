@@ -8,9 +8,10 @@ transformers, lm-evaluation-harness and vLLM load as they are:
 GPT-2-shaped models become GPT2LMHeadModel, LLaMA-shaped ones (rope, rmsnorm, swiglu; GQA and untied
 embeddings allowed) LlamaForCausalLM; other combinations have no transformers class and are refused. The
 folder is written beside `to` and renamed into place, so a failed export leaves no half-written folder.
+--overwrite=True replaces only an earlier export (a folder with config.json and weights, and nothing of a
+training run), so a slip of --to never deletes a run.
 """
 import os
-import shutil
 import sys
 import tempfile
 
@@ -30,10 +31,31 @@ overwrite = False  # replace `to` when it already exists
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 
+def check_target(folder: str, overwrite: bool):
+    """Refuse a `to` that export would fail on or that is not ours to replace, before any work is done."""
+    parent = os.path.dirname(os.path.abspath(folder))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UserError(f"--to={folder} lies under {parent}, which is a file: choose a folder path")
+    if not os.path.lexists(folder):
+        return
+    if not os.path.isdir(folder):
+        raise UserError(f"--to={folder} exists and is not a folder: choose another --to")
+    if not overwrite:
+        raise UserError(f"{folder} already exists: choose another --to, or pass --overwrite=True to replace it")
+    names = os.listdir(folder)
+    weights = any(n.endswith(".safetensors") or n == "pytorch_model.bin" for n in names)
+    run_files = [n for n in names if n.endswith(".pt") or n in ("run.lock", "run.json", "metrics.csv")]  # train.py's
+    if run_files or "config.json" not in names or not weights:
+        why = f"it holds {', '.join(sorted(run_files)[:4])}" if run_files else "it lacks config.json or weights"
+        raise UserError(f"--overwrite=True replaces only an earlier export and {folder} is not one ({why}): "
+                        "choose another --to")
+
+
 def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) -> str:
     """Write model and its tokenizer to folder; returns a line saying what was written."""
-    if os.path.exists(folder) and not overwrite:
-        raise UserError(f"{folder} already exists: choose another --to, or pass --overwrite=True to replace it")
+    check_target(folder, overwrite)
     hf_model = to_transformers(model, vocab).to(getattr(torch, dtype))
     parent = os.path.dirname(os.path.abspath(folder))
     os.makedirs(parent, exist_ok=True)
@@ -42,8 +64,8 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
         hf_model.save_pretrained(staged)
         tokenizer = write_tokenizer(vocab, staged)
         files = sorted(os.listdir(staged))
-        if os.path.exists(folder):
-            shutil.rmtree(folder)
+        if os.path.exists(folder):  # moved aside, not deleted, until the new folder is in place
+            os.replace(folder, os.path.join(tmp, "old"))
         os.replace(staged, folder)
     params = sum(p.numel() for p in model.parameters())
     return (f"wrote {folder}: {type(hf_model).__name__} ({params / 1e6:.2f}M parameters, {dtype}) and {tokenizer}; "
@@ -55,5 +77,6 @@ if __name__ == "__main__":
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
     check_init_from(init_from, ("resume",))
+    check_target(to, overwrite)
     model, vocab = load_trained(init_from, os.path.join(out_dir, checkpoint))
     print(export(model, vocab, to, dtype, overwrite))

@@ -81,6 +81,33 @@ def test_combinations_without_a_transformers_class_are_refused(tmp_path, arch):
     assert not os.path.exists(tmp_path / "hf")
 
 
+def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path):
+    vocab = {"tokenizer": "char", "chars": "abcdefghij"}
+    folder = str(tmp_path / "hf")
+    export(random_model(), vocab, folder, "float32", False)
+    with pytest.raises(UserError, match="already exists"):
+        export(random_model(), vocab, folder, "float32", False)
+    second = random_model(bias=False)
+    export(second, vocab, folder, "float32", True)  # an earlier export: replaced
+    idx = torch.randint(97, (1, 32))
+    with torch.no_grad():
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()(idx).logits
+    assert (logits_of(second, idx) - theirs).abs().max() < 1e-5
+    assert not any(n.startswith(".export-") for n in os.listdir(tmp_path))  # the old folder went with the staging
+    run = tmp_path / "run"  # a training run's folder: never deleted, whatever --to says
+    run.mkdir()
+    (run / "ckpt.pt").write_bytes(b"weights")
+    (run / "config.json").write_text("{}")
+    with pytest.raises(UserError, match=r"replaces only an earlier export .* \(it holds ckpt.pt\)"):
+        export(random_model(), vocab, str(run), "float32", True)
+    assert (run / "ckpt.pt").read_bytes() == b"weights"
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(UserError, match="exists and is not a folder"):
+        export(random_model(), vocab, str(tmp_path / "a_file"), "float32", True)
+    with pytest.raises(UserError, match="which is a file"):
+        export(random_model(), vocab, str(tmp_path / "a_file" / "hf"), "float32", False)
+
+
 def test_unknown_names_are_refused():
     with pytest.raises(UserError, match="unknown pretrained model 'gpt3'"):
         hf.load("gpt3")
