@@ -27,7 +27,7 @@ out_dir = "out"  # where the checkpoint is, with init_from='resume'
 checkpoint = "ckpt.pt"  # which checkpoint in out_dir: ckpt.pt (latest), best.pt (best val loss) or ckpt_<iter>.pt
 hellaswag = ""  # the validation jsonl; '' uses data/hellaswag/hellaswag_val.jsonl, downloading it there first
 limit = 0  # score only the first this many items; 0: all [limit >= 0]
-out_file = ""  # also write the result here as JSON; '': print only
+out_file = ""  # also write the result here as JSON; '': print only [out_file == '' or out_file.endswith('.json')]
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
 dtype = "float32"  # as the published figures were scored (16-bit logits can flip items whose endings score close); 'bfloat16', 'float16' or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) are faster [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 backend = "auto"  # under torchrun: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'nccl', 'gloo')]
@@ -43,6 +43,8 @@ if __name__ == "__main__":
     dtype = resolve_dtype(dtype, device_type)
     if out_file and not os.path.isdir(os.path.dirname(os.path.abspath(out_file))):
         raise UserError(f"out_file {out_file}: its folder does not exist")
+    if os.path.isdir(out_file):
+        raise UserError(f"out_file {out_file} is a folder: name a .json file")
     examples = read_examples(find_data(hellaswag))[:limit or None]
     rank, _, world_size, device = setup_distributed(launcher_ranks(os.environ), device, backend)
     model, vocab = load_trained(init_from, os.path.join(out_dir, checkpoint))

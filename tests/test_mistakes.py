@@ -287,6 +287,14 @@ CASES = [
     Case("sample gpt2 without transformers", "sample.py", ["--init_from=gpt2", "--device=cpu"],
          r"needs Hugging Face transformers", runner=WITHOUT_TRANSFORMERS),
     Case("sample init_from", "sample.py", ["--out_dir={run}", "--device=cpu", "--init_from=gpt5"], r"init_from='gpt5' is not resume"),
+    # ---- eval.py and export.py
+    Case("eval out_file over a checkpoint", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={run}/ckpt.pt"],
+         r"out_file=.*ckpt.pt' is not valid: out_file must satisfy out_file == '' or out_file.endswith\('.json'\)"),
+    Case("eval out_file a folder", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={tmp}/r.json"],
+         r"out_file .*r.json is a folder: name a .json file", setup=lambda tmp, run, data: os.makedirs(os.path.join(tmp, "r.json"))),
+    Case("export over the run", "export.py", ["--out_dir={run}", "--to={run}", "--overwrite=True"],
+         r"--overwrite=True replaces only an earlier export and .* is not one \(it holds best.pt, ckpt.pt"),
+    Case("export under a file", "export.py", ["--out_dir={run}", "--to={run}/ckpt.pt/hf"], r"lies under .*ckpt.pt, which is a file"),
     # ---- plot.py
     Case("plot missing", "plot.py", ["{tmp}"], r"metrics.csv not found: give the out_dir of a run"),
     Case("plot empty", "plot.py", ["{tmp}"], r"metrics.csv is empty or has no header",
@@ -422,8 +430,8 @@ def outcomes(good, tmp_path_factory):
 
 def test_there_are_enough_cases_over_every_script():
     assert len(CASES) >= 50 and len({c.id for c in CASES}) == len(CASES)
-    assert {c.script for c in CASES} == {"train.py", "sample.py", "plot.py", "bench.py", "data/prepare.py",
-                                         "data/shakespeare_char/prepare.py"}
+    assert {c.script for c in CASES} == {"train.py", "sample.py", "plot.py", "bench.py", "eval.py", "export.py",
+                                         "data/prepare.py", "data/shakespeare_char/prepare.py"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
