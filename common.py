@@ -228,10 +228,12 @@ def replace_durably(tmp: str, path: str):
 
 
 @contextmanager
-def atomic_write(path: str, mode: str = "w", **open_kwargs):
+def atomic_write(path: str, mode: str = "w", shared: bool = False, **open_kwargs):
     """Open a temporary file beside path; when the block ends without error, put it in place with
-    replace_durably. An error (a full disk) removes the temporary file and leaves the old one."""
-    tmp = f"{path}.tmp"
+    replace_durably. An error (a full disk) removes the temporary file and leaves the old one.
+    shared: several processes may write path at once (every rank downloading the same file), so each gets a
+    temporary file of its own; otherwise the name is fixed, so the next write reuses what a kill left behind."""
+    tmp = f"{path}.{os.getpid()}.tmp" if shared else f"{path}.tmp"
     try:
         with open(tmp, mode, **open_kwargs) as f:
             yield f

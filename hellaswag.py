@@ -32,7 +32,7 @@ def find_data(path: str) -> str:
             with urllib.request.urlopen(VAL_URL, timeout=60) as response:
                 body = response.read()
             os.makedirs(os.path.dirname(DEFAULT_PATH), exist_ok=True)
-            with atomic_write(DEFAULT_PATH, "wb") as f:
+            with atomic_write(DEFAULT_PATH, "wb", shared=True) as f:
                 f.write(body)
         except OSError as e:  # offline, refused, or the folder cannot be written
             raise UserError(f"HellaSwag's validation set is not at {DEFAULT_PATH} and cannot be downloaded "

@@ -56,7 +56,7 @@ def fetch_from_whisper_sdist(dest: str):
         with tarfile.open(download_sdist(WHISPER_SDIST, tmp)) as tar:
             member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with tar.extractfile(member) as src, atomic_write(dest, "wb") as out:
+            with tar.extractfile(member) as src, atomic_write(dest, "wb", shared=True) as out:
                 shutil.copyfileobj(src, out)
 
 

