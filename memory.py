@@ -152,13 +152,10 @@ def check_fits(parts: dict, free: int | None, model: GPT, settings: dict):
     fits = lambda **change: plan(model, **{**settings, **change})["total"] <= free
     batch_size, world_size = settings["batch_size"], settings["world_size"]
     fixes = []
-    smaller = batch_size // 2
-    while smaller >= 1:
-        if fits(batch_size=smaller):
-            fixes.append(f"--batch_size={smaller} with gradient_accumulation_steps raised "
-                         f"{batch_size // smaller}x (the same tokens per step)")
-            break
-        smaller //= 2
+    smaller = next((b for b in range(batch_size - 1, 0, -1) if batch_size % b == 0 and fits(batch_size=b)), None)
+    if smaller:  # a divisor, so that raising the accumulation keeps the tokens per step exactly
+        fixes.append(f"--batch_size={smaller} with gradient_accumulation_steps raised {batch_size // smaller}x (the "
+                     "same tokens per step)")
     if not settings["activation_checkpointing"] and fits(activation_checkpointing=True):
         fixes.append("--activation_checkpointing=True")
     if world_size > 1 and settings["parallelism"] == "ddp" and fits(parallelism="fsdp"):

@@ -128,6 +128,19 @@ def test_a_run_that_cannot_fit_stops_before_it_starts_and_says_what_would_fit(ch
     assert not os.path.exists(os.path.join(out, "metrics.csv"))
 
 
+def test_the_smaller_batch_it_suggests_keeps_the_tokens_per_step():
+    from common import UserError
+    from memory import check_fits
+    model = GPT(GPTConfig(**SHAPE))
+    settings = dict(batch_size=12, dtype="float32", optimizer="adamw", world_size=1, parallelism="ddp",
+                    activation_checkpointing=False, device_type="cpu")
+    totals = {b: plan(model, **{**settings, "batch_size": b})["total"] for b in (4, 5, 6)}
+    with pytest.raises(UserError, match=r"What fits: --batch_size=4 with gradient_accumulation_steps raised 3x"):
+        check_fits(plan(model, **settings), (totals[5] + totals[6]) // 2, model, settings)  # 5 fits, but 12 = 3 x 4
+    with pytest.raises(UserError, match=r"What fits: --batch_size=1 with gradient_accumulation_steps raised 7x"):
+        check_fits(plan(model, **{**settings, "batch_size": 7}), totals[4], model, {**settings, "batch_size": 7})
+
+
 def test_largest_batch_is_the_largest_power_of_two_the_plan_fits():
     model = GPT(GPTConfig(**SHAPE))
     settings = dict(batch_size=1, dtype="float32", optimizer="adamw", world_size=1, parallelism="ddp",
