@@ -253,6 +253,9 @@ CASES = [
     Case("meta.json float16", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.json gives dtype 'float16', not uint16",
          setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()
                                             .replace('"uint16"', '"float16"')))),
+    Case("meta.json char without chars", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.json gives no chars",
+         setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()
+                                            .replace('"chars"', '"characters"')))),
     Case("meta.pkl torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.pkl is torn or not a pickle",
          setup=copy_dataset(nanogpt_layout(b"\x80\x04\x95\x10\x00"))),
     Case("meta.pkl lacks itos", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.pkl lacks vocab_size or an itos table",

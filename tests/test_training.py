@@ -110,7 +110,7 @@ def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
     for split in ("train", "val"):
         (np.arange(2000) % 100).astype(np.uint16).tofile(data_dir / f"{split}.bin")
     (data_dir / "meta.json").write_text(json.dumps({
-        "tokenizer": "char", "vocab_size": 50, "dtype": "uint16", "max_token_id": 99,
+        "tokenizer": "char", "vocab_size": 50, "chars": "".join(map(chr, range(65, 115))), "dtype": "uint16", "max_token_id": 99,
         "splits": {s: {"files": [f"{s}.bin"], "file_tokens": [2000]} for s in ("train", "val")}}))
     result = run_script("train.py", *tiny_args(str(data_dir), str(tmp_path / "out")), cwd=str(tmp_path))
     assert result.returncode != 0
