@@ -35,9 +35,15 @@ def check_device(device: str) -> str:
     try:
         device_type = torch.device(device).type
     except RuntimeError:
-        raise UserError(f"device '{device}' is not a device: use cpu, cuda, cuda:N or mps") from None
+        device_type = None
+    if device_type not in ("cpu", "cuda", "mps"):  # torch knows more (meta, xla, ...), which this trainer does not run
+        raise UserError(f"device '{device}' is not a device this trainer runs on: use cpu, cuda, cuda:N or mps")
     if device_type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device '{device}' asked for but CUDA is not available: use --device=cpu")
+    index = torch.device(device).index
+    if device_type == "cuda" and index is not None and index >= torch.cuda.device_count():
+        raise UserError(f"device '{device}' asked for but there are {torch.cuda.device_count()} CUDA devices (0 to "
+                        f"{torch.cuda.device_count() - 1})")
     if device_type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"device '{device}' asked for but MPS is not available: use --device=cpu")
     return device_type
@@ -160,22 +166,26 @@ def compile_problem(device: str) -> str | None:
     return None
 
 
-# peak dense bf16/fp16 tensor-core throughput, FLOP/s, by a substring of torch.cuda.get_device_name()
+# peak dense bf16/fp16 tensor-core throughput, FLOP/s, by a substring of torch.cuda.get_device_name(): the first
+# that matches, so a name that holds another ("H100 NVL" holds "H100", "L40" holds "L4") comes before it
 PEAK_FLOPS = [
-    ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
-    ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12),
+    ("GB200", 2500e12), ("B200", 2250e12), ("B100", 1750e12), ("H200 NVL", 835e12), ("H200", 989e12),
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
+    ("L40", 181e12), ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12),
     ("A6000", 155e12), ("V100", 125e12), ("T4", 65e12),
 ]
 
 
+def peak_flops_of(name: str) -> float | None:
+    """Peak FLOP/s of the GPU called name (as torch.cuda.get_device_name gives it), or None where unlisted."""
+    return next((flops for key, flops in PEAK_FLOPS if key in name), None)
+
+
 def peak_flops(device) -> float | None:
-    """Peak FLOP/s of a CUDA device from PEAK_FLOPS, or None where unknown (CPU, MPS, an unlisted GPU)."""
+    """Peak FLOP/s of a CUDA device, or None where unknown (CPU, MPS, an unlisted GPU)."""
     import torch
     device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_FLOPS if key in name), None)
+    return peak_flops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
 # ---- files

@@ -183,6 +183,8 @@ CASES = [
     Case("init_from", "train.py", [*TRAIN, "--init_from=gpt5"], r"init_from='gpt5' is not scratch, resume, one of gpt2"),
     Case("eval_only scratch", "train.py", [*TRAIN, "--eval_only=True"], r"eval_only=True evaluates a trained model"),
     Case("device", "train.py", [*TRAIN, "--device=cuda"], r"device 'cuda' asked for but CUDA is not available"),
+    Case("device meta", "train.py", [*TRAIN, "--device=meta"], r"device 'meta' is not a device this trainer runs on"),
+    Case("device typo", "sample.py", ["--out_dir={run}", "--device=cpuu"], r"device 'cpuu' is not a device this trainer"),
     # ---- train.py: config files
     Case("config missing", "train.py", ["{tmp}/nope.py", *TRAIN], r"config file '.*nope.py' not found"),
     Case("config syntax", "train.py", ["{tmp}/exp.py", *TRAIN], r"config file '.*exp.py' line 2: syntax error",

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from common import peak_flops
+from common import peak_flops, peak_flops_of
 from model import GPT, GPTConfig
 
 
@@ -93,6 +93,15 @@ def test_temperature_zero_is_greedy_decoding():
             logits, _ = model(expected[:, -8:])
             expected = torch.cat([expected, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out, expected)
+
+
+def test_each_gpu_name_gets_its_own_peak_not_that_of_a_name_it_contains():
+    names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+             "NVIDIA H200": 989e12, "NVIDIA H200 NVL": 835e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
+             "NVIDIA L4": 121e12, "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A10G": 70e12, "NVIDIA A10": 125e12,
+             "NVIDIA GeForce RTX 4090": 165e12, "Tesla T4": 65e12, "NVIDIA B200": 2250e12,
+             "NVIDIA GB200": 2500e12, "NVIDIA GeForce GTX 1080": None}
+    assert {name: peak_flops_of(name) for name in names} == names
 
 
 def test_mfu_is_none_without_a_known_peak_and_follows_the_formula():
