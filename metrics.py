@@ -56,6 +56,10 @@ def header(path: str) -> list[str]:
 
 
 def rewrite(path: str, rows: list[dict]):
+    unknown = [c for c in header(path) if c not in COLUMNS]
+    if unknown:  # not dropped silently: a newer version of this trainer wrote them
+        raise UserError(f"{path} has columns this version does not know ({', '.join(unknown)}): continue the run "
+                        "with the version that wrote them, or move metrics.csv aside")
     with atomic_write(path, newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()

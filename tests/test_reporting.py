@@ -193,3 +193,17 @@ def test_a_metrics_file_from_before_a_column_existed_is_rewritten_under_todays_h
     assert [(r["iter"], r["loss"], r["val_loss"], r["hellaswag"]) for r in rows] == [("1", "4.25", "", ""),
                                                                                      ("2", "", "4.0", "0.25")]
     assert metrics.header(metrics.metrics_path(str(tmp_path))) == metrics.COLUMNS
+
+
+def test_a_metrics_file_with_a_column_from_a_newer_version_is_refused_and_kept(tmp_path):
+    import metrics
+    from common import UserError
+    path = metrics.metrics_path(str(tmp_path))
+    with open(path, "w") as f:
+        f.write(",".join(metrics.COLUMNS + ["bpb"]) + "\n" + "1,8,4.25" + "," * (len(metrics.COLUMNS) - 2) + "1.1\n")
+    before = open(path).read()
+    for change in (lambda: metrics.append_row(str(tmp_path), {"iter": 2, "tokens": 16}),
+                   lambda: metrics.truncate(str(tmp_path), 0)):
+        with pytest.raises(UserError, match=r"has columns this version does not know \(bpb\)"):
+            change()
+        assert open(path).read() == before
