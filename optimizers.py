@@ -74,10 +74,10 @@ class Muon(torch.optim.Optimizer):
     """Muon (momentum, then orthogonalised) for the 2-D matrices of the transformer blocks, and AdamW for the
     rest (embeddings, an untied head, norms, biases), as modded-nanogpt and nanochat split them. A group with
     muon=True takes Muon's update, scaled by sqrt(max(1, rows/cols)) so that every matrix moves by a similar
-    RMS; the others take AdamW's. Both decay weights decoupled (p *= 1 - lr * weight_decay). One optimizer,
-    so its state_dict is the checkpoint's. Under DDP every rank computes the same update from the same
-    averaged gradient; under FSDP every rank gathers each matrix's update, orthogonalises it whole and keeps
-    its own rows."""
+    RMS; the others take AdamW's. A group's weight_decay is decoupled (p *= 1 - lr * weight_decay); muon_groups
+    gives Muon's matrices none. One optimizer, so its state_dict is the checkpoint's. Under DDP every rank
+    computes the same update from the same averaged gradient; under FSDP every rank gathers each matrix's
+    update, orthogonalises it whole and keeps its own rows."""
 
     def __init__(self, param_groups: list[dict], lr: float, momentum: float = 0.95, betas=(0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0):
