@@ -78,7 +78,7 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
             fetch_from_whisper_sdist(cached)
             print(f"GPT-2 rank file taken from the {WHISPER_SDIST} sdist on the package index, cached at {cached}",
                   file=sys.stderr)
-        except (OSError, subprocess.SubprocessError, StopIteration) as e:
+        except (OSError, subprocess.SubprocessError, tarfile.TarError, StopIteration) as e:  # TarError: a torn sdist
             failures.append(f"{WHISPER_SDIST} from the package index: {e.__class__.__name__}")
             raise UserError(f"cannot load GPT-2's encoding ({'; '.join(failures)}): download gpt2.tiktoken "
                                "(whisper/assets/ in openai-whisper) and set NANOGPT_GPT2_TIKTOKEN to its path") from e

