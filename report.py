@@ -7,11 +7,37 @@ is one edit here.
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 
 import metrics
-from common import write_json
+from common import atomic_write, write_json
+
+SAMPLE_HEADING = re.compile(r"^---- iter (\d+) ----\n", re.M)  # each sample in samples.txt starts with one
+
+
+def read_samples(path: str) -> list[list]:
+    """[iter, text] of each sample in a samples.txt (a sample torn by a kill keeps what was written of it)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        content = f.read()
+    heads = list(SAMPLE_HEADING.finditer(content))
+    ends = [h.start() for h in heads[1:]] + [len(content)]
+    return [[int(h.group(1)), content[h.end():end].removesuffix("\n")] for h, end in zip(heads, ends)]
+
+
+def truncate_samples(out_dir: str, iter_num: int) -> list[list]:
+    """Drop the samples past iter_num from samples.txt, as metrics.truncate drops rows (a resumed run writes
+    them again); returns the samples kept."""
+    path = os.path.join(out_dir, "samples.txt")
+    if not os.path.exists(path):
+        return []
+    samples = read_samples(path)
+    kept = [s for s in samples if s[0] <= iter_num]
+    if len(kept) < len(samples):
+        with atomic_write(path, encoding="utf-8") as f:
+            f.writelines(f"---- iter {it} ----\n{text}\n" for it, text in kept)
+    return kept
 
 
 class NoWandb:
@@ -73,8 +99,8 @@ class Reporter:
             print(text, flush=True)
 
     def start(self, config: dict, info: dict, truncate_at: int | None, wandb_settings: dict | None) -> str | None:
-        """Write config.json and run.json, drop metrics rows past truncate_at (None keeps them all, -1 drops
-        them all), start wandb when wandb_settings (project, name, id) are given; returns the wandb run id."""
+        """Write config.json and run.json, drop metrics rows and samples past truncate_at (None keeps them all,
+        -1 drops them all), start wandb when wandb_settings (project, name, id) are given; returns the wandb run id."""
         if not self.active:
             return None
         if truncate_at is not None and truncate_at >= 0 and os.path.exists(metrics.metrics_path(self.out_dir)):
@@ -90,6 +116,7 @@ class Reporter:
         write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info})
         if truncate_at is not None:
             metrics.truncate(self.out_dir, truncate_at)
+            self.samples = truncate_samples(self.out_dir, truncate_at)  # so wandb's table goes on with the earlier ones
         return run_id
 
     def eval(self, it: int, tokens: int, lr: float, losses: dict):
@@ -150,7 +177,7 @@ class Reporter:
             print(json.dumps({"iter": it, "sample": text}), flush=True)
         else:
             print(f"---- sample at iter {it} ----\n{text}\n----")
-        with open(os.path.join(self.out_dir, "samples.txt"), "a") as f:
+        with open(os.path.join(self.out_dir, "samples.txt"), "a", encoding="utf-8") as f:
             f.write(f"---- iter {it} ----\n{text}\n")
         self.samples.append([it, text])
         if not isinstance(self.wandb, NoWandb):

@@ -125,9 +125,13 @@ def test_samples_during_training_go_to_stdout_and_a_file_on_the_same_schedule_ac
                                                    eval_interval=5, sample_interval=2, sample_prompt="ROMEO:",
                                                    sample_tokens=30, init_from=resume), cwd=str(tmp_path))
         assert result.returncode == 0, result.stderr
+        if resume == "scratch":  # as if the run had gone on past its checkpoint at 10 and been killed
+            with open(os.path.join(out, "samples.txt"), "a") as f:
+                f.write("---- iter 15 ----\nwritten after the checkpoint, before a kill\n")
     with open(os.path.join(out, "samples.txt")) as f:
         text = f.read()
     assert text.count("---- iter ") == 2 and "---- iter 5 ----\nROMEO:" in text and "---- iter 15 ----" in text
+    assert "before a kill" not in text
     assert "---- sample at iter 15 ----" in result.stdout
 
 
@@ -207,3 +211,12 @@ def test_a_metrics_file_with_a_column_from_a_newer_version_is_refused_and_kept(t
         with pytest.raises(UserError, match=r"has columns this version does not know \(bpb\)"):
             change()
         assert open(path).read() == before
+
+
+def test_samples_read_back_as_written_and_a_truncation_keeps_the_earlier_ones_whole(tmp_path):
+    from report import read_samples, truncate_samples
+    path = tmp_path / "samples.txt"
+    path.write_text("---- iter 5 ----\nROMEO:\nline two\n\n---- iter 10 ----\nx\n---- iter 15 ----\ntorn by a ki")
+    assert read_samples(str(path)) == [[5, "ROMEO:\nline two\n"], [10, "x"], [15, "torn by a ki"]]
+    assert truncate_samples(str(tmp_path), 10) == [[5, "ROMEO:\nline two\n"], [10, "x"]]
+    assert path.read_text() == "---- iter 5 ----\nROMEO:\nline two\n\n---- iter 10 ----\nx\n"
