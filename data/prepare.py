@@ -9,7 +9,8 @@ Tokenizes your own corpus into the token files that train.py reads:
 are cut into documents of 1 to 2 MB, at the first blank line past 1 MB, else at a line break), .jsonl (one
 JSON object per line, text in --text_field) and .parquet (needs pyarrow). Documents end with <|endoftext|>.
 Each document goes to val with probability --val_fraction, decided by a hash of its text, so the split does
-not depend on file order.
+not depend on file order. When every document lands in one split (one or a few documents, a single small
+.txt file), the last val_fraction of the tokens are held out as val instead.
 
 Writes {split}.bin, or {split}_000.bin, {split}_001.bin, ... with --shard_tokens, as uint16 when the
 vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files).
@@ -220,10 +221,13 @@ class TokenWriter:
         self.out_dir, self.split, self.dtype, self.shard_tokens = out_dir, split, np.dtype(dtype), shard_tokens
         self.files, self.counts, self.handle, self.documents = [], [], None, 0
 
+    def name(self, index: int) -> str:
+        return f"{self.split}_{index:03d}.bin" if self.shard_tokens else f"{self.split}.bin"
+
     def _open_next(self):
         if self.handle:
             self.handle.close()
-        name = f"{self.split}_{len(self.files):03d}.bin" if self.shard_tokens else f"{self.split}.bin"
+        name = self.name(len(self.files))
         self.files.append(name)
         self.counts.append(0)
         self.handle = open(os.path.join(self.out_dir, name + ".tmp"), "wb")
@@ -252,6 +256,36 @@ class TokenWriter:
         for name in self.files:
             if os.path.exists(os.path.join(self.out_dir, name + ".tmp")):
                 os.remove(os.path.join(self.out_dir, name + ".tmp"))
+
+
+def split_by_position(writers: dict, val_fraction: float) -> dict:
+    """New writers for a corpus whose documents all went to one split (one or a few documents, such as a single
+    .txt file): the same token stream in the same order, its last val_fraction held out as val, as nanoGPT's
+    prepare scripts cut a text. The finished writers' files are moved or cut, never read whole."""
+    old = writers["train"] if writers["train"].counts and sum(writers["train"].counts) else writers["val"]
+    train, val = (TokenWriter(old.out_dir, split, old.dtype, old.shard_tokens) for split in ("train", "val"))
+    for index, (name, count) in enumerate(zip(old.files, old.counts)):  # every file becomes train's, by its name
+        os.replace(os.path.join(old.out_dir, name + ".tmp"), os.path.join(train.out_dir, train.name(index) + ".tmp"))
+        train.files.append(train.name(index))
+        train.counts.append(count)
+    train.documents = old.documents
+    need, tail = max(1, round(sum(train.counts) * val_fraction)), []
+    need = min(need, sum(train.counts) - 1)
+    while need:  # the last `need` tokens, from the last file backwards
+        path = os.path.join(train.out_dir, train.files[-1] + ".tmp")
+        take = min(need, train.counts[-1])
+        keep = train.counts[-1] - take
+        tail.insert(0, np.fromfile(path, dtype=train.dtype, offset=keep * train.dtype.itemsize))
+        if keep:
+            os.truncate(path, keep * train.dtype.itemsize)
+            train.counts[-1] = keep
+        else:
+            os.remove(path)
+            train.files.pop()
+            train.counts.pop()
+        need -= take
+    val.write(np.concatenate(tail))
+    return {"train": train, "val": val}
 
 
 def make_out_dir(out_dir: str):
@@ -339,12 +373,14 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
                 drain_one()
         splits = {split: w.finish() for split, w in writers.items()}
         documents = sum(s["documents"] for s in splits.values())
-        if splits["train"]["tokens"] == 0:
-            raise PrepareError(f"the corpus gave no training tokens ({documents} non-blank documents): check --input "
-                               "and --val_fraction")
-        if splits["val"]["tokens"] == 0:
-            raise PrepareError(f"none of the {documents} documents went to val (val_fraction {val_fraction}): add "
-                               "documents or raise --val_fraction")
+        total = sum(s["tokens"] for s in splits.values())
+        if total < 2:
+            raise PrepareError(f"the corpus gave {total} tokens ({documents} non-blank documents): check --input")
+        if 0 in (splits["train"]["tokens"], splits["val"]["tokens"]):
+            writers = split_by_position(writers, val_fraction)
+            splits = {split: w.finish() for split, w in writers.items()}
+            print(("\n" if shown else "") + f"note: every document ({documents}) went to one split, so val is instead the "
+                  f"last {splits['val']['tokens']:,} tokens of the corpus (val_fraction {val_fraction})", file=sys.stderr)
         meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name,
                 "eot_token": vocab_size - 1, "max_token_id": max_id, "splits": splits, "source": source}
         if tokenizer == "char":

@@ -72,6 +72,24 @@ def test_shards_hold_the_same_tokens_as_one_file(tmp_path):
     assert not (tmp_path / "sharded" / "train_000.bin").exists() and (tmp_path / "sharded" / "train.bin").exists()
 
 
+@pytest.mark.parametrize("shard_tokens", [0, 300])
+@pytest.mark.parametrize("hashed_to", ["train", "val"])
+def test_a_corpus_whose_documents_all_hash_to_one_split_is_cut_by_position(tmp_path, hashed_to, shard_tokens):
+    docs = ["".join(f"line {i} of {j}\n" for i in range(100)) for j in range(2)]  # two documents, 2,100 tokens
+    seed = next(s for s in range(100) if all(prepare.goes_to_val(d, 0.1, s) == (hashed_to == "val") for d in docs))
+    meta = prepare.prepare_corpus(docs, str(tmp_path / "out"), "char", prepare.alphabet(docs), val_fraction=0.1,
+                                  seed=seed, workers=1, shard_tokens=shard_tokens, progress=False)
+    train, val = (read_split(tmp_path / "out", split, meta) for split in ("train", "val"))
+    eot = meta["vocab_size"] - 1
+    stream = np.concatenate([train, val])
+    assert "".join(meta["chars"][i] if i != eot else "|" for i in stream) == "|".join(docs) + "|"  # order kept
+    assert len(val) == round(0.1 * len(stream)) and meta["splits"]["val"]["tokens"] == len(val)
+    if shard_tokens:
+        assert all(n == 300 for n in meta["splits"]["train"]["file_tokens"][:-1])
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(["meta.json"] + meta["splits"]["train"]["files"]
+                                                          + meta["splits"]["val"]["files"])  # no .tmp left
+
+
 def test_char_vocabulary_past_uint16_is_written_as_uint32(tmp_path):
     chars = "".join(chr(c) for c in range(0x100, 0x100 + 70_000) if not 0xD800 <= c <= 0xDFFF)
     text = chars + chars[::-1]
