@@ -94,9 +94,11 @@ class Reporter:
         self.out_dir, self.format, self.active = out_dir, log_format, active
         self.wandb, self.samples, self.eta_announced = NoWandb(), [], False
 
-    def print(self, text: str):
-        if self.active:
-            print(text, flush=True)
+    def print(self, text: str, always: bool = False):
+        """A line of information: as it is in text mode, as {"message": text} in json mode (so that stdout
+        stays one JSON object per line); in quiet mode only when always (a skipped step, a stop)."""
+        if self.active and (always or self.format != "quiet"):
+            print(json.dumps({"message": text}) if self.format == "json" else text, flush=True)
 
     def start(self, config: dict, info: dict, truncate_at: int | None, wandb_settings: dict | None) -> str | None:
         """Write config.json and run.json, drop metrics rows and samples past truncate_at (None keeps them all,
@@ -160,7 +162,7 @@ class Reporter:
             print(json.dumps({"iter": it, "max_iters": max_iters, "loss": loss, "lr": lr, "tokens": tokens,
                               "tokens_per_sec": tokens_per_sec, "mfu": mfu, "grad_norm": grad_norm,
                               "elapsed_s": elapsed, "eta_s": eta}), flush=True)
-        if not self.eta_announced and steps_done >= min(10, max_iters - (it - steps_done)) and self.format != "json":
+        if not self.eta_announced and steps_done >= min(10, max_iters - (it - steps_done)) and self.format == "text":
             self.eta_announced = True
             print(f"estimated time for the remaining {max_iters - it:,} steps: {format_duration(eta)} "
                   f"({train_time / steps_done * 1000:.1f} ms/step so far, evaluations not included)")
@@ -194,7 +196,10 @@ class Reporter:
             fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
             print(f"done: {summary['iters']:,} iters, {summary['tokens']:,} tokens in "
                   f"{format_duration(summary['wall_time_s'])}; final train/val loss {fmt(summary['final_train_loss'])}/"
-                  f"{fmt(summary['final_val_loss'])}, best val {fmt(summary['best_val_loss'])} at iter "
+                  f"{fmt(summary['final_val_loss'])}"
+                  + (f" (from the last eval, at iter {summary['final_loss_iter']})"
+                     if summary["final_loss_iter"] not in (None, summary["iters"]) else "")
+                  + f", best val {fmt(summary['best_val_loss'])} at iter "
                   f"{summary['best_iter']}; "
                   + (f"{summary['mean_tokens_per_sec']:,.0f} tok/s" if summary["mean_tokens_per_sec"] else "no steps")
                   + (f", mfu {summary['mean_mfu'] * 100:.1f}%" if summary["mean_mfu"] else "")

@@ -468,7 +468,7 @@ if __name__ == "__main__":
     # ---- training loop
     skip_on_device = not sync_every_step and skips_on_device(optimizer)
     skipped_steps, in_a_row, worst_in_a_row = (torch.zeros((), device=device) for _ in range(3))
-    skipped_reported, last_losses = 0, None
+    skipped_reported, last_losses, last_eval_iter = 0, None, None
     t_start, train_time, start_iter = time.time(), 0.0, iter_num
     X, Y = train_batch(iter_num, 0)
     t_log, iters_since_log = time.time(), 0
@@ -485,7 +485,7 @@ if __name__ == "__main__":
             improved = math.isfinite(losses["val"]) and losses["val"] < best_val_loss  # NaN never becomes best
             if improved:
                 best_val_loss, best_iter = losses["val"], iter_num
-            last_losses = losses
+            last_losses, last_eval_iter = losses, iter_num
             evals_done = -(-iter_num // eval_interval) + 1  # counting iter 0's; from the step, so a resume keeps the schedule
             if hellaswag and evals_done % hellaswag_interval == 0:  # the uncompiled model: items vary in length
                 losses["hellaswag"] = score(raw_model, *hellaswag, device, ctx, rank, world_size)["acc_norm"]
@@ -539,7 +539,8 @@ if __name__ == "__main__":
                 [loss_sum, grad_norm.float(), skipped_steps, worst_in_a_row, stop_flag]).tolist()  # one sync
             if skipped > skipped_reported:
                 skipped_reported = int(skipped)
-                report.print(f"iter {iter_num}: non-finite loss or gradient norm, {skipped_reported} steps skipped so far")
+                report.print(f"iter {iter_num}: non-finite loss or gradient norm, {skipped_reported} steps skipped so far",
+                             always=True)
             if worst >= max_nonfinite_steps:
                 raise UserError(f"{int(worst)} steps in a row had a non-finite loss or gradient norm (by iter "
                                 f"{iter_num}): stopping with the last good checkpoint in {out_dir} kept; lower "
@@ -554,7 +555,7 @@ if __name__ == "__main__":
                             iter_num - start_iter, train_time)
             if stop_now:
                 save(evaluated=False, improved=False)
-                report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume")
+                report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume", always=True)
                 break
 
     # ---- summary
@@ -562,7 +563,7 @@ if __name__ == "__main__":
     report.summary({
         "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stop.requested, "skipped_steps": int(skipped_steps.item()),
         "final_train_loss": last_losses["train"] if last_losses else None,
-        "final_val_loss": last_losses["val"] if last_losses else None,
+        "final_val_loss": last_losses["val"] if last_losses else None, "final_loss_iter": last_eval_iter,
         "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else None, "best_iter": best_iter,
         "wall_time_s": time.time() - t_start,
         "mean_tokens_per_sec": steps_done * tokens_per_iter / train_time if train_time else None,

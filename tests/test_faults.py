@@ -92,6 +92,11 @@ def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run
     assert "SIGTERM: checkpointing after this step" in stderr and "stopped by signal" in stdout
     saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
     assert saved["iter_num"] == max(losses(out)) and not saved["evaluated"]
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    last_eval = max(int(r["iter"]) for r in read_metrics(out) if r["val_loss"])
+    assert summary["stopped_by_signal"] and summary["final_loss_iter"] == last_eval < summary["iters"] == saved["iter_num"]
+    assert f"(from the last eval, at iter {last_eval})" in stdout
     result = run_script("train.py", *args_for(char_data, out, init_from="resume"), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert_same_run(straight_run, out)
