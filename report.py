@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import metrics
-from common import atomic_write, write_json
+from common import UserError, atomic_write, write_json
 
 SAMPLE_HEADING = re.compile(r"^---- iter (\d+) ----\n", re.M)  # each sample in samples.txt starts with one
 
@@ -111,8 +111,12 @@ class Reporter:
         if wandb_settings is not None:
             import wandb
             # the id saved in the checkpoint makes a resumed run continue the same wandb run
-            wandb.init(project=wandb_settings["project"], name=wandb_settings["name"], config=config,
-                       id=wandb_settings["id"], resume="allow")
+            try:
+                wandb.init(project=wandb_settings["project"], name=wandb_settings["name"], config=config,
+                           id=wandb_settings["id"], resume="allow")
+            except wandb.errors.Error as e:  # no API key, no network, a refused project
+                raise UserError(f"wandb_log=True but wandb could not start ({e}): run `wandb login`, set "
+                                "WANDB_MODE=offline (then `wandb sync` later), or pass --wandb_log=False") from None
             self.wandb, run_id = wandb, wandb.run.id
         write_json(os.path.join(self.out_dir, "config.json"), dict(sorted(config.items())))
         write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info})

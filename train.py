@@ -42,7 +42,7 @@ from sharding import full, full_state, shard
 from tokenizer import dataset_codec, encode_setting
 
 # ---- I/O
-out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go
+out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go [out_dir != '']
 eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last [eval_interval > 0]
 log_interval = 1  # print a progress line every this many steps [log_interval > 0]
 log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals only) [log_format in ('text', 'json', 'quiet')]

@@ -183,6 +183,10 @@ CASES = [
     Case("init_from", "train.py", [*TRAIN, "--init_from=gpt5"], r"init_from='gpt5' is not scratch, resume, one of gpt2"),
     Case("eval_only scratch", "train.py", [*TRAIN, "--eval_only=True"], r"eval_only=True evaluates a trained model"),
     Case("device", "train.py", [*TRAIN, "--device=cuda"], r"device 'cuda' asked for but CUDA is not available"),
+    Case("out_dir empty", "train.py", [*TRAIN, "--out_dir="], r"out_dir='' is not valid: out_dir must satisfy out_dir != ''"),
+    Case("wandb without a login", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--wandb_log=True"],
+         r"wandb_log=True but wandb could not start \(No API key.*\): run `wandb login`, set WANDB_MODE=offline",
+         env={"WANDB_MODE": "online", "HOME": "{tmp}", "WANDB_CONFIG_DIR": "{tmp}/wandb_config"}),
     Case("device meta", "train.py", [*TRAIN, "--device=meta"], r"device 'meta' is not a device this trainer runs on"),
     Case("device typo", "sample.py", ["--out_dir={run}", "--device=cpuu"], r"device 'cpuu' is not a device this trainer"),
     # ---- train.py: config files
