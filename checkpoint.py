@@ -191,15 +191,19 @@ def with_own_settings(optimizer: torch.optim.Optimizer, state: dict) -> dict:
     return {**state, "param_groups": [{**saved, **mine} for saved, mine in zip(state["param_groups"], own)]}
 
 
-def check_resume_shape(checkpoint_args: dict, config: dict, defaults: dict):
-    """Model settings (shape and architecture) that the user changed from the defaults must agree with the
-    checkpoint's."""
-    saved = architecture(checkpoint_args)
-    clashes = [f"{k}={config[k]!r} (checkpoint: {saved[k]!r})" for k in saved
-               if k in config and config[k] != defaults[k] and config[k] != saved[k]]
-    if clashes:
+def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str = ""):
+    """Model settings (shape and architecture) that the user changed from the defaults must agree with those of
+    the model a run resumes (source '') or starts from (source: its init_from); block_size may be shorter then."""
+    saved = architecture(model_args)
+    clashes = [f"{k}={config[k]!r} ({source or 'checkpoint'}: {saved[k]!r})" for k in saved
+               if k in config and config[k] != defaults[k] and config[k] != saved[k]
+               and not (source and k == "block_size" and config[k] < saved[k])]
+    if clashes and not source:
         raise UserError(f"resuming a checkpoint of another model shape: {', '.join(clashes)}; drop those settings "
                         "or use a new out_dir")
+    if clashes:
+        raise UserError(f"init_from={source} is a model of another shape: {', '.join(clashes)}; drop those settings "
+                        "(the model's own shape is used) or start from scratch")
 
 
 def load_model_state(model: torch.nn.Module, state: dict, path: str, optimizer=None, optimizer_state: dict | None = None):

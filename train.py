@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_resume_shape,
+from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_same_shape,
                         check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained, publish_checkpoint,
                         restore_training_state, save_checkpoint, take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook,
@@ -246,7 +246,7 @@ if __name__ == "__main__":
     if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
         ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
         checkpoint = load_checkpoint(ckpt_path)
-        check_resume_shape(checkpoint["model_args"], config, config_defaults)
+        check_same_shape(checkpoint["model_args"], config, config_defaults)
         if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"]:
             raise UserError(f"checkpoint {ckpt_path} was trained with optimizer={checkpoint['config'].get('optimizer', 'adamw')}, "
                             f"not {config['optimizer']}: resume with that optimizer, or start a new run from its weights "
@@ -328,6 +328,10 @@ if __name__ == "__main__":
         model.config.loss_chunk, model.config.activation_checkpointing = loss_chunk, activation_checkpointing
         for k in (*SHAPE_KEYS, *ARCH_KEYS):
             model_args[k] = getattr(model.config, k)
+        check_same_shape(model_args, config, config_defaults, init_from)
+        arch = {k: v for k, v in architecture(model_args).items() if k in config and k != "block_size"}
+        config.update(arch)  # config.json and run.json record the model trained, not the defaults
+        globals().update(arch)
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context
         model_args["block_size"] = block_size

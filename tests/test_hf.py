@@ -187,6 +187,23 @@ def test_a_nanogpt_checkpoint_samples_and_starts_a_run(run, char_data, tmp_path,
 
 
 @pytest.mark.slow
+def test_a_run_from_a_checkpoint_takes_and_records_its_shape_and_refuses_another(run, char_data, tmp_path):
+    flags = [f"--dataset={char_data}", "--device=cpu", "--compile=False", "--max_iters=1", "--eval_iters=1",
+             "--batch_size=2", "--block_size=16", "--wandb_log=False", f"--init_from={run}/ckpt.pt"]
+    trained = run_script("train.py", *flags, f"--out_dir={tmp_path / 'a'}", cwd=str(tmp_path))  # no shape flags
+    assert trained.returncode == 0, trained.stderr
+    with open(tmp_path / "a" / "config.json") as f:
+        config = json.load(f)
+    saved = torch.load(os.path.join(run, "ckpt.pt"), map_location="cpu", weights_only=True)["model_args"]
+    assert {k: config[k] for k in ("n_layer", "n_head", "n_embd", "bias")} == {k: saved[k] for k in
+                                                                              ("n_layer", "n_head", "n_embd", "bias")}
+    assert config["block_size"] == 16  # cropped from the checkpoint's 32, as asked
+    refused = run_script("train.py", *flags, "--n_layer=3", f"--out_dir={tmp_path / 'b'}", cwd=str(tmp_path))
+    assert refused.returncode != 0
+    assert f"init_from={run}/ckpt.pt is a model of another shape: n_layer=3 (" in refused.stderr
+
+
+@pytest.mark.slow
 def test_an_exported_folder_is_an_init_from_that_trains(run, char_data, tmp_path):
     folder = str(tmp_path / "hf")
     model, vocab = load_trained("resume", os.path.join(run, "ckpt.pt"))
