@@ -158,7 +158,12 @@ def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, d
 
 def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     """The model that sample.py, export.py and eval.py read: the checkpoint at ckpt_path with init_from='resume',
-    else what init_from names (see load_pretrained); and its vocabulary (None: GPT-2's BPE)."""
+    else what init_from names (see load_pretrained); and its vocabulary (None: GPT-2's BPE). ckpt_<iter>.pt
+    may name a kept step without the zero padding of its file name (ckpt_900.pt for ckpt_0000900.pt)."""
+    name = os.path.basename(ckpt_path)
+    if name.startswith("ckpt_") and name.endswith(".pt") and name[5:-3].isdigit():
+        padded = os.path.join(os.path.dirname(ckpt_path), f"ckpt_{int(name[5:-3]):07d}.pt")
+        ckpt_path = padded if os.path.isfile(padded) else ckpt_path
     if init_from == "resume" and not os.path.isfile(ckpt_path):
         raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint")
     source = ckpt_path if init_from == "resume" else init_from
