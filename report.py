@@ -203,8 +203,8 @@ class Reporter:
                   f"{fmt(summary['final_val_loss'])}"
                   + (f" (from the last eval, at iter {summary['final_loss_iter']})"
                      if summary["final_loss_iter"] not in (None, summary["iters"]) else "")
-                  + f", best val {fmt(summary['best_val_loss'])} at iter "
-                  f"{summary['best_iter']}; "
+                  + f", best val {fmt(summary['best_val_loss'])} at iter {summary['best_iter']}"
+                  + (" (the weights it started from, so no best.pt)" if summary["best_iter"] == 0 else "") + "; "
                   + (f"{summary['mean_tokens_per_sec']:,.0f} tok/s" if summary["mean_tokens_per_sec"] else "no steps")
                   + (f", mfu {summary['mean_mfu'] * 100:.1f}%" if summary["mean_mfu"] else "")
                   + f"; checkpoint {summary['checkpoint']}; summary in {self.out_dir}/summary.json")

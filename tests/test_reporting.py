@@ -221,3 +221,17 @@ def test_samples_read_back_as_written_and_a_truncation_keeps_the_earlier_ones_wh
     assert read_samples(str(path)) == [[5, "ROMEO:\nline two\n"], [10, "x"], [15, "torn by a ki"]]
     assert truncate_samples(str(tmp_path), 10) == [[5, "ROMEO:\nline two\n"], [10, "x"]]
     assert path.read_text() == "---- iter 5 ----\nROMEO:\nline two\n\n---- iter 10 ----\nx\n"
+
+
+def test_the_summary_line_says_where_its_losses_come_from(tmp_path, capsys):
+    from report import Reporter
+    summary = dict(iters=526, tokens=1000, stopped_by_signal=True, skipped_steps=0, final_train_loss=4.1798,
+                   final_val_loss=4.1823, final_loss_iter=500, best_val_loss=2.1898, best_iter=0, wall_time_s=10.0,
+                   mean_tokens_per_sec=100.0, mean_mfu=None, checkpoint=None)
+    Reporter(str(tmp_path), "text", active=True).summary(summary)
+    line = capsys.readouterr().out
+    assert "final train/val loss 4.1798/4.1823 (from the last eval, at iter 500)" in line
+    assert "best val 2.1898 at iter 0 (the weights it started from, so no best.pt)" in line
+    Reporter(str(tmp_path), "text", active=True).summary(dict(summary, final_loss_iter=526, best_iter=400))
+    line = capsys.readouterr().out
+    assert "final train/val loss 4.1798/4.1823, best val 2.1898 at iter 400; " in line
