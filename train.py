@@ -145,9 +145,10 @@ def check_new_run(out_dir: str, overwrite: bool) -> list[str]:
     metrics, summary, ...), unless overwrite; returns those files, which the new run then deletes."""
     old = [f for f in sorted(os.listdir(out_dir)) if f in RUN_FILES or (f.startswith("ckpt_") and f.endswith(".pt"))]
     if old and not overwrite:
+        resume = ("continue it with --init_from=resume, " if "ckpt.pt" in old else
+                  "it stopped before its first checkpoint, so there is nothing to resume: ")
         raise UserError(f"out_dir {out_dir} already holds a run ({', '.join(old[:4])}{', ...' if len(old) > 4 else ''}): "
-                        "continue it with --init_from=resume, choose another out_dir, or pass --overwrite=True to "
-                        "replace that run")
+                        f"{resume}choose another out_dir, or pass --overwrite=True to replace that run")
     return old
 
 

@@ -211,9 +211,11 @@ CASES = [
     Case("LOCAL_WORLD_SIZE not a count", "train.py", TRAIN, r"LOCAL_WORLD_SIZE must be a positive integer, not '0'",
          env={"LOCAL_WORLD_SIZE": "0"}),
     # ---- train.py: out_dir
-    Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run \(best.pt, ckpt.pt, metrics.csv, summary.json\): .*--overwrite=True"),
+    Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run \(best.pt, ckpt.pt, metrics.csv, summary.json\): "
+         r"continue it with --init_from=resume, .*--overwrite=True"),
     Case("new run over results without a checkpoint", "train.py", [*TRAIN, "--out_dir={tmp}/other"],
-         r"out_dir .*other already holds a run \(eval.json, metrics.csv\)",
+         r"out_dir .*other already holds a run \(eval.json, metrics.csv\): it stopped before its first checkpoint, so "
+         r"there is nothing to resume: choose another out_dir, or pass --overwrite=True",
          setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "other")),
                                        shutil.copy(os.path.join(run, "metrics.csv"), os.path.join(tmp, "other")),
                                        write(os.path.join(tmp, "other", "eval.json"), "{}"))),
