@@ -285,6 +285,11 @@ if __name__ == "__main__":
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
     report.print(f"world size {world_size}, device {device}, dtype {dtype}")
     report.print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
+    if checkpoint is not None:  # a resume takes this command's settings: say which differ from the run's own
+        changed = [f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in config.items()
+                   if k != "init_from" and checkpoint["config"].get(k, v) != v]
+        if changed:
+            report.print("resumed with settings other than the run's: " + ", ".join(changed))
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

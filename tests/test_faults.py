@@ -99,6 +99,7 @@ def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run
     assert f"(from the last eval, at iter {last_eval})" in stdout
     result = run_script("train.py", *args_for(char_data, out, init_from="resume"), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
+    assert "resumed with settings other than" not in result.stdout  # the same command
     assert_same_run(straight_run, out)
 
 

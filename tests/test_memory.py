@@ -180,4 +180,5 @@ def test_batch_size_auto_records_its_choice_and_a_resume_keeps_it(char_data, tmp
     resumed = run_script("train.py", *args, "--init_from=resume", "--max_iters=2", cwd=str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr
     assert "batch_size auto" not in resumed.stdout and "x 3 sequences" in resumed.stdout  # the checkpoint's batch
+    assert "resumed with settings other than the run's: max_iters=2 (was 1)\n" in resumed.stdout
     assert json.loads((out / "config.json").read_text())["batch_size"] == 3
