@@ -156,14 +156,19 @@ def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, d
     return hf.load(init_from, dropout), None, None
 
 
+def checkpoint_file(out_dir: str, name: str) -> str:
+    """The path of checkpoint `name` in out_dir; ckpt_<iter>.pt may name a kept step without the zero padding of
+    its file name (ckpt_900.pt for ckpt_0000900.pt)."""
+    path = os.path.join(out_dir, name)
+    if name.startswith("ckpt_") and name.endswith(".pt") and name[5:-3].isdigit():
+        padded = os.path.join(out_dir, f"ckpt_{int(name[5:-3]):07d}.pt")
+        path = padded if os.path.isfile(padded) else path
+    return path
+
+
 def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     """The model that sample.py, export.py and eval.py read: the checkpoint at ckpt_path with init_from='resume',
-    else what init_from names (see load_pretrained); and its vocabulary (None: GPT-2's BPE). ckpt_<iter>.pt
-    may name a kept step without the zero padding of its file name (ckpt_900.pt for ckpt_0000900.pt)."""
-    name = os.path.basename(ckpt_path)
-    if name.startswith("ckpt_") and name.endswith(".pt") and name[5:-3].isdigit():
-        padded = os.path.join(os.path.dirname(ckpt_path), f"ckpt_{int(name[5:-3]):07d}.pt")
-        ckpt_path = padded if os.path.isfile(padded) else ckpt_path
+    else what init_from names (see load_pretrained); and its vocabulary (None: GPT-2's BPE)."""
     if init_from == "resume" and not os.path.isfile(ckpt_path):
         raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint")
     source = ckpt_path if init_from == "resume" else init_from
@@ -198,11 +203,11 @@ def with_own_settings(optimizer: torch.optim.Optimizer, state: dict) -> dict:
 
 def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str = ""):
     """Model settings (shape and architecture) that the user changed from the defaults must agree with those of
-    the model a run resumes (source '') or starts from (source: its init_from); block_size may be shorter then."""
+    the model a run resumes (source '') or starts from (source: its init_from; train.py checks block_size then)."""
     saved = architecture(model_args)
     clashes = [f"{k}={config[k]!r} ({source or 'checkpoint'}: {saved[k]!r})" for k in saved
                if k in config and config[k] != defaults[k] and config[k] != saved[k]
-               and not (source and k == "block_size" and config[k] < saved[k])]
+               and not (source and k == "block_size")]  # a model started from: its context may be cropped
     if clashes and not source:
         raise UserError(f"resuming a checkpoint of another model shape: {', '.join(clashes)}; drop those settings "
                         "or use a new out_dir")

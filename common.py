@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import sys
 import traceback
 from contextlib import contextmanager, nullcontext
@@ -243,7 +244,7 @@ def atomic_write(path: str, mode: str = "w", shared: bool = False, **open_kwargs
     replace_durably. An error (a full disk) removes the temporary file and leaves the old one.
     shared: several processes may write path at once (every rank downloading the same file), so each gets a
     temporary file of its own; otherwise the name is fixed, so the next write reuses what a kill left behind."""
-    tmp = f"{path}.{os.getpid()}.tmp" if shared else f"{path}.tmp"
+    tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp" if shared else f"{path}.tmp"  # hosts may share a folder
     try:
         with open(tmp, mode, **open_kwargs) as f:
             yield f

@@ -74,9 +74,10 @@ def meta_problem(meta) -> str | None:
             return f"has no {split} split with a list of file names and their token counts"
     if not isinstance(meta.get("max_token_id", 0), int):
         return f"gives max_token_id {meta['max_token_id']!r}, not an integer"
-    if (meta["tokenizer"] == "char" or "chars" in meta) and not (
-            isinstance(meta.get("chars"), str) and len(meta["chars"]) <= meta["vocab_size"]):
-        return "gives no chars (the character table, a string within vocab_size)"
+    if meta["tokenizer"] == "char" and "chars" not in meta:
+        return "gives no chars (the character table of a char dataset)"
+    if "chars" in meta and not (isinstance(meta["chars"], str) and len(meta["chars"]) <= meta["vocab_size"]):
+        return "gives chars that are not a string within vocab_size"
     return None
 
 

@@ -16,7 +16,7 @@ import time
 import torch.distributed as dist
 
 import configurator
-from checkpoint import check_init_from, load_trained
+from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import (UserError, autocast_context, check_device, excepthook, launcher_ranks, resolve_dtype,
                     setup_distributed, write_json)
 from hellaswag import check_encodable, find_data, read_examples, score
@@ -47,11 +47,11 @@ if __name__ == "__main__":
         raise UserError(f"out_file {out_file} is a folder: name a .json file")
     examples = read_examples(find_data(hellaswag))[:limit or None]
     rank, _, world_size, device = setup_distributed(launcher_ranks(os.environ), device, backend)
-    model, vocab = load_trained(init_from, os.path.join(out_dir, checkpoint))
+    model, vocab = load_trained(init_from, checkpoint_file(out_dir, checkpoint))
     model.to(device)
     encode, _ = codec(vocab)
     check_encodable(examples, encode)
-    source = os.path.join(out_dir, checkpoint) if init_from == "resume" else init_from
+    source = checkpoint_file(out_dir, checkpoint) if init_from == "resume" else init_from
     t0 = time.time()
 
     def progress(done: int, total: int, acc_norm: float):

@@ -18,7 +18,7 @@ import tempfile
 import torch
 
 import configurator
-from checkpoint import check_init_from, load_trained
+from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import UserError, excepthook
 from hf import to_transformers, write_tokenizer
 
@@ -29,6 +29,9 @@ to = ""  # the folder to write [to != '']
 dtype = "float32"  # the weights' type in the folder [dtype in ('float32', 'bfloat16', 'float16')]
 overwrite = False  # replace `to` when it already exists
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
+
+
+EXPORT_FILES = (".json", ".safetensors", ".txt", ".bin", ".model")  # what a transformers folder holds (weights, config, tokenizer)
 
 
 def check_target(folder: str, overwrite: bool):
@@ -44,11 +47,14 @@ def check_target(folder: str, overwrite: bool):
         raise UserError(f"--to={folder} exists and is not a folder: choose another --to")
     if not overwrite:
         raise UserError(f"{folder} already exists: choose another --to, or pass --overwrite=True to replace it")
+    here, target = os.path.abspath(os.getcwd()), os.path.abspath(folder)
+    if here == target or here.startswith(target + os.sep):
+        raise UserError(f"--to={folder} is the working folder or holds it: choose another --to")
     names = os.listdir(folder)
     weights = any(n.endswith(".safetensors") or n == "pytorch_model.bin" for n in names)
-    run_files = [n for n in names if n.endswith(".pt") or n in ("run.lock", "run.json", "metrics.csv")]  # train.py's
-    if run_files or "config.json" not in names or not weights:
-        why = f"it holds {', '.join(sorted(run_files)[:4])}" if run_files else "it lacks config.json or weights"
+    others = [n for n in names if not (os.path.isfile(os.path.join(folder, n)) and n.endswith(EXPORT_FILES))]
+    if others or "config.json" not in names or not weights:
+        why = f"it holds {', '.join(sorted(others)[:4])}" if others else "it lacks config.json or weights"
         raise UserError(f"--overwrite=True replaces only an earlier export and {folder} is not one ({why}): "
                         "choose another --to")
 
@@ -78,5 +84,5 @@ if __name__ == "__main__":
     globals().update(config)
     check_init_from(init_from, ("resume",))
     check_target(to, overwrite)
-    model, vocab = load_trained(init_from, os.path.join(out_dir, checkpoint))
+    model, vocab = load_trained(init_from, checkpoint_file(out_dir, checkpoint))
     print(export(model, vocab, to, dtype, overwrite))

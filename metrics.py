@@ -55,11 +55,17 @@ def header(path: str) -> list[str]:
         return next(csv.reader(f), [])
 
 
-def rewrite(path: str, rows: list[dict]):
+def check_columns(path: str):
+    """A UserError when metrics.csv has columns this version does not know (a newer version wrote them), which a
+    rewrite would drop; a resume checks this before it writes anything."""
     unknown = [c for c in header(path) if c not in COLUMNS]
-    if unknown:  # not dropped silently: a newer version of this trainer wrote them
+    if unknown:
         raise UserError(f"{path} has columns this version does not know ({', '.join(unknown)}): continue the run "
                         "with the version that wrote them, or move metrics.csv aside")
+
+
+def rewrite(path: str, rows: list[dict]):
+    check_columns(path)
     with atomic_write(path, newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
@@ -93,7 +99,10 @@ def truncate(out_dir: str, iter_num: int):
     path = metrics_path(out_dir)
     if not os.path.exists(path):
         return
-    rows = read_rows(out_dir) if iter_num >= 0 and os.path.getsize(path) else []
+    if iter_num < 0:  # a new run: whatever wrote the old rows
+        os.remove(path)
+        return
+    rows = read_rows(out_dir) if os.path.getsize(path) else []
     kept = [r for r in rows if int(r["iter"]) <= iter_num]
-    if iter_num < 0 or len(kept) < len(rows):
+    if len(kept) < len(rows):
         rewrite(path, kept)

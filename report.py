@@ -107,6 +107,7 @@ class Reporter:
             return None
         if truncate_at is not None and truncate_at >= 0 and os.path.exists(metrics.metrics_path(self.out_dir)):
             metrics.read_rows(self.out_dir)  # a damaged metrics.csv is an error before any file is written
+            metrics.check_columns(metrics.metrics_path(self.out_dir))
         run_id = None
         if wandb_settings is not None:
             import wandb

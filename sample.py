@@ -14,7 +14,7 @@ import sys
 import torch
 
 import configurator
-from checkpoint import check_init_from, load_trained
+from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import UserError, autocast_context, check_device, excepthook, resolve_dtype
 from tokenizer import codec, encode_setting
 
@@ -62,7 +62,7 @@ if __name__ == "__main__":
     torch.manual_seed(seed)
     ctx = autocast_context(device_type, dtype)
 
-    model, vocab = load_trained(init_from, os.path.join(out_dir, checkpoint))
+    model, vocab = load_trained(init_from, checkpoint_file(out_dir, checkpoint))
     model.eval().to(device)
     if compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs

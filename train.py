@@ -45,7 +45,7 @@ from tokenizer import dataset_codec, encode_setting
 out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go [out_dir != '']
 eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last [eval_interval > 0]
 log_interval = 1  # print a progress line every this many steps [log_interval > 0]
-log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals only) [log_format in ('text', 'json', 'quiet')]
+log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals, the summary, skipped steps and stops) [log_format in ('text', 'json', 'quiet')]
 eval_iters = 200  # batches per split in each evaluation [eval_iters > 0]
 dry_run = False  # print the memory plan, tokens per step, model size and FLOPs per token, then exit: nothing is trained or written
 eval_only = False  # evaluate a trained model once (resume or gpt2*), write out_dir/eval.json and exit; the run's own files stay as they are
@@ -137,6 +137,8 @@ def check_writable(out_dir: str):
         raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another out_dir") from None
 
 
+# settings a resume does not compare with the run's: how this command runs, and the shape, which the checkpoint fixes
+RESUME_SAME = ("init_from", "overwrite", "eval_only", "dry_run", "out_dir", *SHAPE_KEYS, *ARCH_KEYS)
 RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv", "eval.json", "plot.png")  # a run's results
 
 
@@ -145,8 +147,7 @@ def check_new_run(out_dir: str, overwrite: bool) -> list[str]:
     metrics, summary, ...), unless overwrite; returns those files, which the new run then deletes."""
     old = [f for f in sorted(os.listdir(out_dir)) if f in RUN_FILES or (f.startswith("ckpt_") and f.endswith(".pt"))]
     if old and not overwrite:
-        resume = ("continue it with --init_from=resume, " if "ckpt.pt" in old else
-                  "it stopped before its first checkpoint, so there is nothing to resume: ")
+        resume = "continue it with --init_from=resume, " if "ckpt.pt" in old else "it has no ckpt.pt to resume: "
         raise UserError(f"out_dir {out_dir} already holds a run ({', '.join(old[:4])}{', ...' if len(old) > 4 else ''}): "
                         f"{resume}choose another out_dir, or pass --overwrite=True to replace that run")
     return old
@@ -257,9 +258,10 @@ if __name__ == "__main__":
             config["batch_size"] = checkpoint["config"]["batch_size"]
         if checkpoint["evaluated"] and checkpoint["iter_num"] >= config["max_iters"] and not config["eval_only"]:
             if master_process:
-                print(f"the run in {config['out_dir']} is finished: its checkpoint is at iter {checkpoint['iter_num']} "
-                      f"and max_iters is {config['max_iters']}; nothing to do (raise --max_iters to train it further, "
-                      "or evaluate it with --eval_only=True)")
+                Reporter(config["out_dir"], config["log_format"], active=True).print(
+                    f"the run in {config['out_dir']} is finished: its checkpoint is at iter {checkpoint['iter_num']} "
+                    f"and max_iters is {config['max_iters']}; nothing to do (raise --max_iters to train it further, "
+                    "or evaluate it with --eval_only=True)", always=True)
             sys.exit(0)
     globals().update(config)
 
@@ -287,7 +289,7 @@ if __name__ == "__main__":
     report.print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
     if checkpoint is not None:  # a resume takes this command's settings: say which differ from the run's own
         changed = [f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in config.items()
-                   if k != "init_from" and checkpoint["config"].get(k, v) != v]
+                   if k not in RESUME_SAME and checkpoint["config"].get(k, v) != v]
         if changed:
             report.print("resumed with settings other than the run's: " + ", ".join(changed))
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
@@ -338,6 +340,8 @@ if __name__ == "__main__":
         arch = {k: v for k, v in architecture(model_args).items() if k in config and k != "block_size"}
         config.update(arch)  # config.json and run.json record the model trained, not the defaults
         globals().update(arch)
+        if block_size == config_defaults["block_size"]:  # not set: the model's context, where that is shorter
+            block_size = config["block_size"] = min(block_size, model.config.block_size)
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context
         model_args["block_size"] = block_size

@@ -264,6 +264,17 @@ def split_by_position(writers: dict, val_fraction: float) -> dict:
     prepare scripts cut a text. The finished writers' files are moved or cut, never read whole."""
     old = writers["train"] if writers["train"].counts and sum(writers["train"].counts) else writers["val"]
     train, val = (TokenWriter(old.out_dir, split, old.dtype, old.shard_tokens) for split in ("train", "val"))
+    try:
+        move_tail(old, train, val, val_fraction)
+    except BaseException:  # the files not yet moved are the old writer's, which the caller discards
+        train.discard()
+        val.discard()
+        raise
+    return {"train": train, "val": val}
+
+
+def move_tail(old: TokenWriter, train: TokenWriter, val: TokenWriter, val_fraction: float):
+    """split_by_position's moves: old's files become train's, then their last val_fraction of tokens val's."""
     for index, (name, count) in enumerate(zip(old.files, old.counts)):  # every file becomes train's, by its name
         os.replace(os.path.join(old.out_dir, name + ".tmp"), os.path.join(train.out_dir, train.name(index) + ".tmp"))
         train.files.append(train.name(index))
@@ -285,7 +296,6 @@ def split_by_position(writers: dict, val_fraction: float) -> dict:
             train.counts.pop()
         need -= take
     val.write(np.concatenate(tail))
-    return {"train": train, "val": val}
 
 
 def make_out_dir(out_dir: str):

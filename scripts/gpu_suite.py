@@ -21,7 +21,6 @@ import argparse
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tarfile

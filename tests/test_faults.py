@@ -165,8 +165,9 @@ def test_best_checkpoint_and_keep_last_n(char_data, tmp_path):
     best = torch.load(os.path.join(out, "best.pt"), map_location="cpu", weights_only=True)
     assert best["best_val_loss"] == pytest.approx(min(v for i, v in val.items() if i > 0), rel=1e-6)
     assert val[best["iter_num"]] == pytest.approx(best["best_val_loss"], rel=1e-6)
-    from checkpoint import load_trained  # a kept step is named by its iter, with or without the padding
-    model, _ = load_trained("resume", os.path.join(out, "ckpt_20.pt"))
+    from checkpoint import checkpoint_file, load_trained  # a kept step is named by its iter, padded or not
+    assert checkpoint_file(out, "ckpt_20.pt") == os.path.join(out, "ckpt_0000020.pt")
+    model, _ = load_trained("resume", checkpoint_file(out, "ckpt_20.pt"))
     kept = torch.load(os.path.join(out, "ckpt_0000020.pt"), map_location="cpu", weights_only=True)["model"]
     assert kept.keys() == model.state_dict().keys()
     assert all(torch.equal(v, kept[k]) for k, v in model.state_dict().items())

@@ -81,7 +81,7 @@ def test_combinations_without_a_transformers_class_are_refused(tmp_path, arch):
     assert not os.path.exists(tmp_path / "hf")
 
 
-def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path):
+def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeypatch):
     vocab = {"tokenizer": "char", "chars": "abcdefghij"}
     folder = str(tmp_path / "hf")
     export(random_model(), vocab, folder, "float32", False)
@@ -101,6 +101,10 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path):
     with pytest.raises(UserError, match=r"replaces only an earlier export .* \(it holds ckpt.pt\)"):
         export(random_model(), vocab, str(run), "float32", True)
     assert (run / "ckpt.pt").read_bytes() == b"weights"
+    monkeypatch.chdir(folder)  # an earlier export, but the folder export.py runs in
+    with pytest.raises(UserError, match="is the working folder or holds it"):
+        export(random_model(), vocab, ".", "float32", True)
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(UserError, match="exists and is not a folder"):
         export(random_model(), vocab, str(tmp_path / "a_file"), "float32", True)

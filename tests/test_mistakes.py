@@ -89,7 +89,7 @@ def other_vocabulary(tmp, run, data):
 def save_tiny_gpt2(tmp):
     """A GPT-2-shaped model with a 1024-token context, saved by transformers, as a local init_from folder."""
     from transformers import GPT2Config, GPT2LMHeadModel
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=1024)).save_pretrained(
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=1024)).save_pretrained(
         os.path.join(tmp, "hf"))
 
 
@@ -186,7 +186,7 @@ CASES = [
     Case("out_dir empty", "train.py", [*TRAIN, "--out_dir="], r"out_dir='' is not valid: out_dir must satisfy out_dir != ''"),
     Case("wandb without a login", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--wandb_log=True"],
          r"wandb_log=True but wandb could not start \(No API key.*\): run `wandb login`, set WANDB_MODE=offline",
-         env={"WANDB_MODE": "online", "HOME": "{tmp}", "WANDB_CONFIG_DIR": "{tmp}/wandb_config"}),
+         env={"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": "{tmp}", "WANDB_CONFIG_DIR": "{tmp}/wandb_config"}),
     Case("device meta", "train.py", [*TRAIN, "--device=meta"], r"device 'meta' is not a device this trainer runs on"),
     Case("device typo", "sample.py", ["--out_dir={run}", "--device=cpuu"], r"device 'cpuu' is not a device this trainer"),
     # ---- train.py: config files
@@ -214,8 +214,8 @@ CASES = [
     Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run \(best.pt, ckpt.pt, metrics.csv, summary.json\): "
          r"continue it with --init_from=resume, .*--overwrite=True"),
     Case("new run over results without a checkpoint", "train.py", [*TRAIN, "--out_dir={tmp}/other"],
-         r"out_dir .*other already holds a run \(eval.json, metrics.csv\): it stopped before its first checkpoint, so "
-         r"there is nothing to resume: choose another out_dir, or pass --overwrite=True",
+         r"out_dir .*other already holds a run \(eval.json, metrics.csv\): it has no ckpt.pt to resume: choose another "
+         r"out_dir, or pass --overwrite=True",
          setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "other")),
                                        shutil.copy(os.path.join(run, "metrics.csv"), os.path.join(tmp, "other")),
                                        write(os.path.join(tmp, "other", "eval.json"), "{}"))),
@@ -275,6 +275,9 @@ CASES = [
          r"sample_prompt='' is not valid"),
     Case("gpt2 block_size too long", "train.py", [*TRAIN, "--init_from={tmp}/hf", "--block_size=2048"],
          r"block_size 2048 is longer than .*hf's context of 1024", setup=lambda tmp, run, data: save_tiny_gpt2(tmp)),
+    Case("init_from of another shape", "train.py", [*TRAIN, "--init_from={tmp}/hf", "--n_layer=3"],
+         r"init_from=.*hf is a model of another shape: n_layer=3 \(.*hf: 2\); drop those settings",
+         setup=lambda tmp, run, data: save_tiny_gpt2(tmp)),
     Case("meta.json file names", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.json has no train split with a list",
          setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()
                                             .replace('"train.bin"', '5')))),

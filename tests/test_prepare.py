@@ -72,7 +72,7 @@ def test_shards_hold_the_same_tokens_as_one_file(tmp_path):
     assert not (tmp_path / "sharded" / "train_000.bin").exists() and (tmp_path / "sharded" / "train.bin").exists()
 
 
-@pytest.mark.parametrize("shard_tokens", [0, 300])
+@pytest.mark.parametrize("shard_tokens", [0, 300, 100])  # 100: the held-out tail spans whole shards
 @pytest.mark.parametrize("hashed_to", ["train", "val"])
 def test_a_corpus_whose_documents_all_hash_to_one_split_is_cut_by_position(tmp_path, hashed_to, shard_tokens):
     docs = ["".join(f"line {i} of {j}\n" for i in range(100)) for j in range(2)]  # two documents, 2,100 tokens
@@ -85,7 +85,7 @@ def test_a_corpus_whose_documents_all_hash_to_one_split_is_cut_by_position(tmp_p
     assert "".join(meta["chars"][i] if i != eot else "|" for i in stream) == "|".join(docs) + "|"  # order kept
     assert len(val) == round(0.1 * len(stream)) and meta["splits"]["val"]["tokens"] == len(val)
     if shard_tokens:
-        assert all(n == 300 for n in meta["splits"]["train"]["file_tokens"][:-1])
+        assert all(n == shard_tokens for n in meta["splits"]["train"]["file_tokens"][:-1])
     assert sorted(os.listdir(tmp_path / "out")) == sorted(["meta.json"] + meta["splits"]["train"]["files"]
                                                           + meta["splits"]["val"]["files"])  # no .tmp left
 
