@@ -156,12 +156,23 @@ def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, d
     return hf.load(init_from, dropout), None, None
 
 
+def kept_name(iter_num: int) -> str:
+    """The file name of the checkpoint keep_last_n keeps for step iter_num: zero-padded, so names sort by step."""
+    return f"ckpt_{iter_num:07d}.pt"
+
+
+def kept_step(name: str) -> int:
+    """The step a kept checkpoint's file name gives (ckpt_0000900.pt, or ckpt_900.pt unpadded); -1 for another name."""
+    digits = name[5:-3] if name.startswith("ckpt_") and name.endswith(".pt") else ""
+    return int(digits) if digits.isdigit() else -1
+
+
 def checkpoint_file(out_dir: str, name: str) -> str:
     """The path of checkpoint `name` in out_dir; ckpt_<iter>.pt may name a kept step without the zero padding of
     its file name (ckpt_900.pt for ckpt_0000900.pt)."""
     path = os.path.join(out_dir, name)
-    if name.startswith("ckpt_") and name.endswith(".pt") and name[5:-3].isdigit():
-        padded = os.path.join(out_dir, f"ckpt_{int(name[5:-3]):07d}.pt")
+    if kept_step(name) >= 0:
+        padded = os.path.join(out_dir, kept_name(kept_step(name)))
         path = padded if os.path.isfile(padded) else path
     return path
 
@@ -232,7 +243,7 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
     """After ckpt.pt is written: link it as best.pt when val loss improved, and as ckpt_<iter>.pt when
     keeping the last n; older step checkpoints are deleted only once the new one is in place."""
     latest = os.path.join(out_dir, "ckpt.pt")
-    names = (["best.pt"] if improved else []) + ([f"ckpt_{iter_num:07d}.pt"] if keep_last_n > 0 else [])
+    names = (["best.pt"] if improved else []) + ([kept_name(iter_num)] if keep_last_n > 0 else [])
     for name in names:
         tmp = os.path.join(out_dir, name + ".tmp")
         try:
@@ -250,7 +261,7 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
                             "unchanged and ckpt.pt holds this step; free disk space or choose another out_dir") from e
     if keep_last_n > 0:
         steps = sorted((f for f in os.listdir(out_dir) if f.startswith("ckpt_") and f.endswith(".pt")),
-                       key=lambda f: int(f[5:-3]) if f[5:-3].isdigit() else -1)  # by step: ckpt_10000000 is 8 digits
+                       key=kept_step)  # by step, not by name: ckpt_10000000 is 8 digits
         for old in steps[:-keep_last_n]:
             os.remove(os.path.join(out_dir, old))
 
