@@ -17,6 +17,11 @@ from common import UserError, atomic_write, write_json
 SAMPLE_HEADING = re.compile(r"^---- iter (\d+) ----\n", re.M)  # each sample in samples.txt starts with one
 
 
+def sample_entry(it: int, text: str) -> str:
+    """A sample as samples.txt holds it: its heading (SAMPLE_HEADING), then its text."""
+    return f"---- iter {it} ----\n{text}\n"
+
+
 def read_samples(path: str) -> list[list]:
     """[iter, text] of each sample in a samples.txt (a sample torn by a kill keeps what was written of it)."""
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -36,7 +41,7 @@ def truncate_samples(out_dir: str, iter_num: int) -> list[list]:
     kept = [s for s in samples if s[0] <= iter_num]
     if len(kept) < len(samples):
         with atomic_write(path, encoding="utf-8") as f:
-            f.writelines(f"---- iter {it} ----\n{text}\n" for it, text in kept)
+            f.writelines(sample_entry(it, text) for it, text in kept)
     return kept
 
 
@@ -185,7 +190,7 @@ class Reporter:
         else:
             print(f"---- sample at iter {it} ----\n{text}\n----")
         with open(os.path.join(self.out_dir, "samples.txt"), "a", encoding="utf-8") as f:
-            f.write(f"---- iter {it} ----\n{text}\n")
+            f.write(sample_entry(it, text))
         self.samples.append([it, text])
         if not isinstance(self.wandb, NoWandb):
             self.wandb.log({"samples": self.wandb.Table(columns=["iter", "sample"], data=self.samples)}, step=it)
