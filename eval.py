@@ -47,11 +47,12 @@ if __name__ == "__main__":
         raise UserError(f"out_file {out_file} is a folder: name a .json file")
     examples = read_examples(find_data(hellaswag))[:limit or None]
     rank, _, world_size, device = setup_distributed(launcher_ranks(os.environ), device, backend)
-    model, vocab = load_trained(init_from, checkpoint_file(out_dir, checkpoint))
+    ckpt_path = checkpoint_file(out_dir, checkpoint)
+    model, vocab = load_trained(init_from, ckpt_path)
     model.to(device)
     encode, _ = codec(vocab)
     check_encodable(examples, encode)
-    source = checkpoint_file(out_dir, checkpoint) if init_from == "resume" else init_from
+    source = ckpt_path if init_from == "resume" else init_from
     t0 = time.time()
 
     def progress(done: int, total: int, acc_norm: float):
