@@ -7,6 +7,7 @@ inside the device helpers: data preparation and its worker processes use this mo
 import errno
 import importlib.util
 import json
+import math
 import os
 import shutil
 import socket
@@ -255,8 +256,19 @@ def atomic_write(path: str, mode: str = "w", shared: bool = False, **open_kwargs
         raise
 
 
+def json_text(obj, **dumps_kwargs) -> str:
+    """obj as strict JSON, each NaN or infinity written as null: JSON has no such numbers, and strict parsers
+    (jq, JavaScript, most JSON libraries) refuse the NaN that Python's json writes by default."""
+    def finite(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        return [finite(x) for x in v] if isinstance(v, (list, tuple)) else v
+    return json.dumps(finite(obj), allow_nan=False, **dumps_kwargs)
+
+
 def write_json(path: str, obj: dict):
-    """Write obj as JSON, atomically."""
+    """Write obj as strict JSON (json_text), atomically."""
     with atomic_write(path) as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
+        f.write(json_text(obj, indent=2) + "\n")

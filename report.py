@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import metrics
-from common import UserError, atomic_write, write_json
+from common import UserError, atomic_write, json_text, write_json
 
 SAMPLE_HEADING = re.compile(r"^---- iter (\d+) ----\n", re.M)  # each sample in samples.txt starts with one
 
@@ -103,7 +103,7 @@ class Reporter:
         """A line of information: as it is in text mode, as {"message": text} in json mode (so that stdout
         stays one JSON object per line); in quiet mode only when always (a skipped step, a stop)."""
         if self.active and (always or self.format != "quiet"):
-            print(json.dumps({"message": text}) if self.format == "json" else text, flush=True)
+            print(json_text({"message": text}) if self.format == "json" else text, flush=True)
 
     def start(self, config: dict, info: dict, truncate_at: int | None, wandb_settings: dict | None) -> str | None:
         """Write config.json and run.json, drop metrics rows and samples past truncate_at (None keeps them all,
@@ -136,7 +136,7 @@ class Reporter:
             return
         hellaswag = losses.get("hellaswag")  # acc_norm, at the evals that score it
         if self.format == "json":
-            print(json.dumps({"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
+            print(json_text({"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
                               **({"hellaswag": hellaswag} if hellaswag is not None else {})}), flush=True)
         else:
             print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
@@ -154,7 +154,7 @@ class Reporter:
         os.makedirs(self.out_dir, exist_ok=True)  # evaluating GPT-2 may name a new out_dir
         write_json(path, {**result, "time": datetime.datetime.now().isoformat(timespec="seconds")})
         if self.format == "json":
-            print(json.dumps({"eval": result}), flush=True)
+            print(json_text({"eval": result}), flush=True)
         else:
             print(f"eval of {result['init_from']} at iter {result['iter']}: train loss {result['train_loss']:.4f}, "
                   f"val loss {result['val_loss']:.4f} (written to {path})")
@@ -169,7 +169,7 @@ class Reporter:
         if self.format == "text":
             print(progress_line(it, max_iters, loss, lr, tokens_per_sec, mfu, elapsed, eta))
         elif self.format == "json":
-            print(json.dumps({"iter": it, "max_iters": max_iters, "loss": loss, "lr": lr, "tokens": tokens,
+            print(json_text({"iter": it, "max_iters": max_iters, "loss": loss, "lr": lr, "tokens": tokens,
                               "tokens_per_sec": tokens_per_sec, "mfu": mfu, "grad_norm": grad_norm,
                               "elapsed_s": elapsed, "eta_s": eta}), flush=True)
         if not self.eta_announced and steps_done >= min(10, max_iters - (it - steps_done)) and self.format == "text":
@@ -186,7 +186,7 @@ class Reporter:
         if not self.active:
             return
         if self.format == "json":
-            print(json.dumps({"iter": it, "sample": text}), flush=True)
+            print(json_text({"iter": it, "sample": text}), flush=True)
         else:
             print(f"---- sample at iter {it} ----\n{text}\n----")
         with open(os.path.join(self.out_dir, "samples.txt"), "a", encoding="utf-8") as f:
@@ -201,7 +201,7 @@ class Reporter:
             return
         write_json(os.path.join(self.out_dir, "summary.json"), summary)
         if self.format == "json":
-            print(json.dumps({"summary": summary}))
+            print(json_text({"summary": summary}))
         else:
             fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
             print(f"done: {summary['iters']:,} iters, {summary['tokens']:,} tokens in "

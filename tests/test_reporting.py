@@ -235,3 +235,24 @@ def test_the_summary_line_says_where_its_losses_come_from(tmp_path, capsys):
     Reporter(str(tmp_path), "text", active=True).summary(dict(summary, final_loss_iter=526, best_iter=400))
     line = capsys.readouterr().out
     assert "final train/val loss 4.1798/4.1823, best val 2.1898 at iter 400; " in line
+
+
+def test_a_nan_loss_is_null_in_the_json_log_and_files_which_strict_parsers_read(tmp_path, capsys):
+    from report import Reporter
+
+    def strict(text):  # as jq or JavaScript parse: NaN and Infinity are not JSON
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    nan = float("nan")
+    reporter = Reporter(str(tmp_path), "json", active=True)
+    reporter.eval(10, 1000, 1e-3, {"train": nan, "val": float("inf")})
+    reporter.step(11, 20, 1100, nan, 1e-3, float("inf"), 0.1, 100.0, None, 5.0, 11, 5.0)
+    reporter.summary(dict(iters=11, tokens=1100, final_train_loss=nan, final_val_loss=float("-inf"), best_val_loss=None,
+                          best_iter=None, final_loss_iter=10, wall_time_s=5.0, mean_tokens_per_sec=100.0, mean_mfu=None,
+                          checkpoint=None, history=[1.5, nan]))
+    eval_line, step_line, summary_line = (strict(line) for line in capsys.readouterr().out.splitlines())
+    assert eval_line["train_loss"] is None and eval_line["val_loss"] is None
+    assert step_line["loss"] is None and step_line["grad_norm"] is None and step_line["lr"] == 1e-3
+    with open(tmp_path / "summary.json") as f:
+        written = strict(f.read())
+    assert written == summary_line["summary"]
+    assert written["final_val_loss"] is None and written["history"] == [1.5, None] and written["iters"] == 11
