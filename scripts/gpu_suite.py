@@ -248,6 +248,7 @@ def step_checks(suite: Suite, args):
         suite.row("Shakespeare char runs", False, "could not prepare tiny Shakespeare: see logs/char_prepare.log")
         return
     s = {name: read_summary(os.path.join(args.work, name)) if results[name][0] == 0 else None for name, _, _ in runs}
+    s = {name: v if v and v["final_val_loss"] is not None else None for name, v in s.items()}  # null: a NaN loss
     side = f"{len(jobs) + len(warmers)} processes side by side, so no speed is quoted"
     fast, plain, seed = s["char_fast"], s["char_plain"], s["char_plain_seed"]
     n = args.char_iters
