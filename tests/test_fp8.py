@@ -55,9 +55,10 @@ def test_use_fp8_converts_the_blocks_linears_only_and_keeps_the_state_dict():
 
 @pytest.mark.slow
 def test_a_model_trained_in_fp8_follows_the_fp32_one():
-    """50 AdamW steps on one fixed batch from the same start: fp8's loss curve stays close to fp32's."""
+    """40 AdamW steps on one fixed batch from the same start: fp8's loss curve stays close to fp32's (a model this
+    small, since fp8 matmuls are emulated on a CPU at about a second a step for width 64)."""
     torch.manual_seed(0)
-    config = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=64)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64)
     batch = torch.randint(64, (8, 33), generator=torch.Generator().manual_seed(1))
     curves = []
     for fp8 in (False, True):
@@ -67,7 +68,7 @@ def test_a_model_trained_in_fp8_follows_the_fp32_one():
             use_fp8(model, 8 * 32)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         losses = []
-        for _ in range(50):
+        for _ in range(40):
             _, loss = model(batch[:, :-1], batch[:, 1:])
             optimizer.zero_grad()
             loss.backward()
