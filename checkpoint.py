@@ -260,8 +260,9 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
             raise UserError(f"could not write {name} in {out_dir} ({e.strerror or e}): the previous {name} is "
                             "unchanged and ckpt.pt holds this step; free disk space or choose another out_dir") from e
     if keep_last_n > 0:
-        steps = sorted((f for f in os.listdir(out_dir) if f.startswith("ckpt_") and f.endswith(".pt")),
-                       key=kept_step)  # by step, not by name: ckpt_10000000 is 8 digits
+        # by step, not by name (ckpt_10000000 is 8 digits); a name that gives no step (ckpt_before_lr_change.pt, a
+        # copy the user made) is none of keep_last_n's and stays
+        steps = sorted((f for f in os.listdir(out_dir) if kept_step(f) >= 0), key=kept_step)
         for old in steps[:-keep_last_n]:
             os.remove(os.path.join(out_dir, old))
 
