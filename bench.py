@@ -95,7 +95,7 @@ gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without ne
 device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU, --mode=train's untouched model keys shrink to CPU_MODEL
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model (after a test compile; without it where that fails)
-compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
+compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels, CUDA graphs), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs'; the two with CUDA graphs need gradient_accumulation_steps=1 [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 fp8 = False  # as in train.py: the blocks' matmuls in float8 (see fp8.py)
 attention_kernel = "auto"  # as in train.py: the attention kernel on CUDA, 'auto', 'flash' or 'cudnn' [attention_kernel in ('auto', 'flash', 'cudnn')]
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
@@ -283,10 +283,12 @@ def model_of(cfg: dict) -> tuple[str, str, object, GPT]:
 def build(cfg: dict) -> dict:
     """A training step of the config cfg, ready to time: {'step': f(i) -> loss, 'model', 'tokens_per_step',
     'device_type'}. The step is train.py's: micro-steps, gradient clipping, the skip verdict, the update."""
-    from common import compile_problem
+    from common import check_compile_mode, compile_problem
     from dataset import get_batch, load_dataset
     from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 
+    if cfg["compile"]:
+        check_compile_mode(cfg["compile_mode"], cfg["gradient_accumulation_steps"])
     if cfg["batch_size"] == "auto":
         cfg = {**cfg, "batch_size": auto_batch(cfg)}
         print(f"batch_size auto: {cfg['batch_size']} sequences per micro-step")

@@ -168,6 +168,17 @@ def compile_problem(device: str) -> str | None:
     return None
 
 
+def check_compile_mode(compile_mode: str, micro_steps: int):
+    """torch.compile's 'reduce-overhead' and 'max-autotune' modes capture CUDA graphs, whose outputs live in
+    memory the next replay reuses, and a backward pass's outputs are the gradients: with several micro-steps per
+    process, the next micro-step's graphs overwrite the gradients being summed (torch raises, or the sum is wrong)."""
+    if compile_mode in ("reduce-overhead", "max-autotune") and micro_steps > 1:
+        raise UserError(f"compile_mode={compile_mode!r} captures CUDA graphs, which overwrite the gradients that "
+                        f"{micro_steps} micro-steps per process sum: use compile_mode='max-autotune-no-cudagraphs' (or "
+                        "'default'), or one micro-step per process (gradient_accumulation_steps = the number of "
+                        "processes, with a larger batch_size)")
+
+
 # peak dense bf16/fp16 tensor-core throughput, FLOP/s, by a substring of torch.cuda.get_device_name(): the first
 # that matches, so a name that holds another ("H100 NVL" holds "H100", "L40" holds "L4") comes before it
 PEAK_FLOPS = [

@@ -29,7 +29,7 @@ import configurator
 from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_same_shape,
                         check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained, publish_checkpoint,
                         restore_training_state, save_checkpoint, take_optimizer_state, training_state)
-from common import (FolderLock, UserError, autocast_context, check_device, compile_problem, excepthook,
+from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem, excepthook,
                     launcher_ranks, local_processes, on_rank0, peak_flops, resolve_dtype, setup_distributed)
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from fp8 import check_fp8, use_fp8
@@ -110,7 +110,7 @@ ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model: slower start, faster steps
-compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs' [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
+compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels, CUDA graphs), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs'; the two with CUDA graphs need one micro-step per process [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 fp8 = False  # the transformer blocks' matmuls in float8 with dynamic scaling (fp8.py): faster on GPUs of compute capability 8.9+ (H100, L4, RTX 4090); the head, embeddings, norms and the saved weights stay as they are
 attention_kernel = "auto"  # the attention kernel on CUDA: 'auto' (torch's choice: cuDNN's first on Hopper and Blackwell with a recent cuDNN, else FlashAttention), 'flash' (cuDNN's off) or 'cudnn' (cuDNN's first, where it serves the shape) [attention_kernel in ('auto', 'flash', 'cudnn')]
 sync_every_step = False  # read each step's skip and stop verdicts on the host (a device sync per step); False reads them once per log line
@@ -273,6 +273,8 @@ if __name__ == "__main__":
     if ranks is not None and gradient_accumulation_steps % ranks[2]:
         raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
                         f"world size {ranks[2]}: make it a multiple of the number of processes")
+    if compile:
+        check_compile_mode(compile_mode, gradient_accumulation_steps // (ranks[2] if ranks else 1))
     rank, local_rank, world_size, device = setup_distributed(ranks, device, backend, ddp_timeout)
     ddp = world_size > 1  # several processes, whichever the parallelism
     fsdp = ddp and parallelism == "fsdp"
