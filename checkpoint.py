@@ -76,9 +76,15 @@ def architecture(model_args: dict) -> dict:
 
 def read_file(path: str):
     """torch.load of a checkpoint file onto the CPU without running code from it; a UserError when it is torn
-    or not a checkpoint at all."""
+    or not a checkpoint at all. The file is memory-mapped, not read into each process's own memory: the processes
+    of a node that all resume from it share the page cache (8 copies of a 1B model's weights and moments would be
+    136 GB), and a tensor's bytes are read when it is copied into the model. Our writes replace the file by a
+    rename, which leaves a mapped file's bytes as they were."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # torch's format from before 1.6 cannot be mapped: read it whole
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several kinds for a torn or foreign file
         raise UserError(f"checkpoint {path} cannot be read ({e.__class__.__name__}): it is damaged or not a "
                         "checkpoint") from e

@@ -279,3 +279,16 @@ def test_shared_atomic_writes_from_several_processes_all_land_whole(tmp_path):
     assert [w.wait(timeout=60) for w in writers] == [0] * n
     assert open(path, "rb").read() == b"x" * 20_000
     assert sorted(os.listdir(tmp_path)) == ["file.bin"] + [f"file.bin.ready{k}" for k in range(n)]  # no .tmp left
+
+
+def test_a_checkpoint_is_mapped_not_read_into_each_process(tmp_path):
+    """Every process of a node resumes from the same file: mapped, they share its pages instead of each holding a copy."""
+    import psutil
+    from checkpoint import read_file
+    path = str(tmp_path / "big.pt")
+    torch.save({"model": {"w": torch.ones(64 * 2**20)}}, path)  # 256 MiB
+    process = psutil.Process()
+    before = process.memory_info().rss
+    checkpoint = read_file(path)
+    assert process.memory_info().rss - before < 32 * 2**20  # nothing read yet
+    assert checkpoint["model"]["w"][-1] == 1.0  # and the bytes are there when used
