@@ -2,6 +2,7 @@
 Checkpoints that survive crashes and resume exactly: atomic writes, strict loading, best and step copies,
 and the RNG states of every rank.
 """
+import hashlib
 import os
 import random
 import shutil
@@ -103,6 +104,24 @@ def load_checkpoint(path: str) -> dict:
         raise UserError(f"checkpoint {path} lacks {missing}: it is from an older version or another trainer (nanoGPT): "
                         f"start a new run from its weights with --init_from={path}")
     return checkpoint
+
+
+def check_same_checkpoint(checkpoint: dict, path: str, rank: int, world_size: int):
+    """Every process reads ckpt.pt itself, where it sees out_dir; all must have read the same one. On a node's own
+    disk a process finds another run's or an older checkpoint, and DDP's first broadcast would hide it: the weights
+    agree, but steps, learning rates, moments and batches would not. Compared: the progress and the bytes of the
+    small tensors (norms, biases), which every step changes. A collective: all ranks call it."""
+    digest = hashlib.sha256(repr([checkpoint[k] for k in PROGRESS_KEYS]).encode())
+    for name, tensor in sorted(checkpoint["model"].items()):
+        if tensor.numel() <= 2**16:
+            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    seen = [None] * world_size
+    dist.all_gather_object(seen, (checkpoint["iter_num"], digest.hexdigest()))
+    others = [f"rank {r} one at iter {it:,}" for r, (it, d) in enumerate(seen) if d != seen[0][1]]
+    if others:
+        raise UserError(f"the processes read different checkpoints at {path}: rank 0 one at iter {seen[0][0]:,}, "
+                        f"{', '.join(others)}; every node must see the same out_dir: put it on a filesystem that all "
+                        "nodes share, not on each node's own disk")
 
 
 def check_vocabulary(saved: dict | None, vocabulary: dict, dataset: str, path: str):

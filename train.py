@@ -26,11 +26,13 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_same_shape,
-                        check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained, publish_checkpoint,
-                        restore_training_state, save_checkpoint, take_optimizer_state, training_state)
-from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem, excepthook,
-                    launcher_ranks, local_processes, on_rank0, peak_flops, resolve_dtype, setup_distributed)
+from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_same_checkpoint,
+                        check_same_shape, check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained,
+                        publish_checkpoint, restore_training_state, save_checkpoint, take_optimizer_state,
+                        training_state)
+from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
+                    excepthook, launcher_ranks, local_processes, on_rank0, peak_flops, resolve_dtype,
+                    setup_distributed)
 from dataset import eval_key, get_batch, load_dataset, seed_from
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
@@ -247,7 +249,12 @@ if __name__ == "__main__":
     checkpoint = None
     if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
         ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
-        checkpoint = load_checkpoint(ckpt_path)
+        try:
+            checkpoint = load_checkpoint(ckpt_path)
+        except UserError as e:  # each process reads it itself, where it sees out_dir
+            if master_process:
+                raise
+            raise UserError(f"{e} (rank {ranks[0]}: every node must see out_dir, on a filesystem they share)") from None
         check_same_shape(checkpoint["model_args"], config, config_defaults)
         if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"]:
             raise UserError(f"checkpoint {ckpt_path} was trained with optimizer={checkpoint['config'].get('optimizer', 'adamw')}, "
@@ -277,6 +284,8 @@ if __name__ == "__main__":
         check_compile_mode(compile_mode, gradient_accumulation_steps // (ranks[2] if ranks else 1))
     rank, local_rank, world_size, device = setup_distributed(ranks, device, backend, ddp_timeout)
     ddp = world_size > 1  # several processes, whichever the parallelism
+    if ddp and checkpoint is not None:
+        check_same_checkpoint(checkpoint, ckpt_path, rank, world_size)
     fsdp = ddp and parallelism == "fsdp"
     report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
     if fsdp:  # every rank runs every forward pass under FSDP (each gathers weights from all): no rank may do fewer

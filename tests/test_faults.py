@@ -247,6 +247,38 @@ def test_two_nodes_on_loopback_match_one_node(char_data, tmp_path):
     assert all(abs(la[i] - lb[i]) < 1e-6 for i in la)
 
 
+NODE_LOCAL = """import os, runpy, sys
+os.chdir("n" + os.environ["LOCAL_RANK"])  # as if each process ran on a node of its own, out_dir on its own disk
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as running train.py itself would
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_processes_that_read_different_checkpoints_are_stopped_before_training(char_data, tmp_path):
+    """out_dir on each node's own disk: rank 1 finds an older checkpoint than rank 0's, and must not train from it."""
+    for node, iters in (("n0", 8), ("n1", 4)):
+        os.makedirs(tmp_path / node)
+        assert run_script("train.py", *args_for(char_data, "out", max_iters=iters), cwd=str(tmp_path / node)).returncode == 0
+    before = digests(tmp_path / "n0" / "out")
+    (tmp_path / "node_local.py").write_text(NODE_LOCAL)
+
+    def resume():
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               str(tmp_path / "node_local.py"), os.path.join(ROOT, "train.py"),
+                               *args_for(char_data, "out", backend="gloo", init_from="resume")],
+                              cwd=str(tmp_path), capture_output=True, text=True, timeout=180,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = resume()
+    assert result.returncode != 0
+    assert ("error: the processes read different checkpoints at out/ckpt.pt: rank 0 one at iter 8, rank 1 one at "
+            "iter 4; every node must see the same out_dir") in result.stderr
+    os.remove(tmp_path / "n1" / "out" / "ckpt.pt")  # and where rank 1 finds none at all
+    result = resume()
+    assert result.returncode != 0
+    assert "(rank 1: every node must see out_dir, on a filesystem they share)" in result.stderr
+    assert digests(tmp_path / "n0" / "out") == before  # rank 0's run is as it was
+
 # ---- off the happy path, handled without an error (the mistakes that are refused are in test_mistakes.py)
 
 def digests(folder):
