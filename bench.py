@@ -55,7 +55,7 @@ dataset = "openwebtext"  # a folder under data/ or a path: real_data reads it, a
 n_layer = 12  # transformer blocks [n_layer > 0]
 n_head = 12  # attention heads per block [n_head > 0]
 n_embd = 768  # width of the residual stream, split evenly among the heads [n_embd > 0 and n_embd % n_head == 0]
-vocab_size = 0  # 0: the dataset's vocabulary where its meta.json or meta.pkl says, else GPT-2's padded 50304 [vocab_size >= 0]
+vocab_size = 0  # 0: the model's vocabulary as train.py gives it for the dataset (a tokenizer's padded to a multiple of 64), else GPT-2's padded 50304 [vocab_size >= 0]
 bias = False  # biases in Linear and LayerNorm layers
 dropout = 0.0  # dropout rate [0 <= dropout < 1]
 loss_chunk = 0  # as in train.py: rows of logits per chunk of the training loss; 0 computes them all at once [loss_chunk >= 0]
@@ -230,21 +230,23 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def dataset_vocab_size(dataset: str) -> int | None:
-    """The vocabulary a prepared dataset declares, or None (not prepared, or nanoGPT's layout without meta.pkl)."""
-    from dataset import find_dataset, read_meta, read_meta_pkl
+def dataset_vocab_size(dataset: str) -> int:
+    """The vocabulary train.py would give a model of the dataset (dataset.model_vocab_size): GPT-2's padded 50304
+    where it is not prepared or does not say."""
+    from dataset import find_dataset, model_vocab_size, read_meta, read_meta_pkl, vocabulary_of
     try:
         data_dir = find_dataset(dataset)
     except UserError:
-        return None
-    meta = read_meta(data_dir) or read_meta_pkl(data_dir)
-    return meta["vocab_size"] if meta else None
+        return model_vocab_size(None, {})
+    meta = read_meta(data_dir)
+    pkl = None if meta else read_meta_pkl(data_dir)
+    return model_vocab_size((meta or pkl or {}).get("vocab_size"), vocabulary_of(meta, pkl))
 
 
 def gpt_config(cfg: dict) -> GPTConfig:
-    """The model of the config cfg. vocab_size 0 takes the dataset's vocabulary where it is known, else GPT-2's
-    padded 50304."""
-    vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"]) or 50304
+    """The model of the config cfg. vocab_size 0 takes the one train.py would for the dataset (GPT-2's padded
+    50304 where it is not prepared)."""
+    vocab = cfg["vocab_size"] or dataset_vocab_size(cfg["dataset"])
     return GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS})
 
 

@@ -113,6 +113,17 @@ def vocabulary_of(meta: dict | None, pkl: dict | None) -> dict:
     return {"tokenizer": None, "chars": None}
 
 
+def model_vocab_size(vocab_size: int | None, vocabulary: dict) -> int:
+    """The vocabulary of a model trained on a dataset that declares vocab_size (None: unknown) and vocabulary (see
+    vocabulary_of). A character dataset's exactly, as nanoGPT has it. A tokenizer's rounded up to a multiple of 64,
+    so GPT-2's 50257 becomes 50304, as nanoGPT pads it: a GPU runs the output layer's matmul faster on such sides.
+    The extra rows are never a target, so training gives them no probability, and generate is told not to sample
+    them. Unknown: GPT-2's, padded."""
+    if vocabulary.get("chars") is not None:
+        return vocab_size
+    return -(-(vocab_size or 50257) // 64) * 64
+
+
 def find_dataset(dataset: str) -> str:
     """The folder of a dataset: a path as given, else data/<dataset> beside this file."""
     if os.path.isdir(dataset):

@@ -380,9 +380,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, use_cache: bool = True):
+                 generator: torch.Generator | None = None, use_cache: bool = True, n_tokens: int | None = None):
         """Extend the token ids idx (B, T) by max_new_tokens tokens, sampled at `temperature` among the top_k
-        most likely (all when None); temperature 0 takes the most likely token (greedy decoding). Put the
+        most likely (all when None); temperature 0 takes the most likely token (greedy decoding). n_tokens: only
+        ids below it are sampled (the tokenizer's; a vocabulary padded past it has rows no text decodes). Put the
         model in eval mode first.
 
         With use_cache, the prompt is read once and each new token attends to the keys and values kept from
@@ -398,10 +399,11 @@ class GPT(nn.Module):
                 logits, _ = self(idx, kv_cache=cache)  # prefill: the whole prompt at once
             else:
                 logits, _ = self(idx[:, -1:], kv_cache=cache)
+            logits = logits[:, -1, :n_tokens]
             if temperature == 0:
-                idx_next = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+                idx_next = logits.argmax(dim=-1, keepdim=True)
             else:
-                logits = logits[:, -1, :] / temperature
+                logits = logits / temperature
                 if top_k is not None:
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                     logits[logits < v[:, [-1]]] = -float("inf")

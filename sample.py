@@ -16,7 +16,7 @@ import torch
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import UserError, autocast_context, check_device, excepthook, resolve_dtype
-from tokenizer import codec, encode_setting
+from tokenizer import codec, decodable_ids, encode_setting
 
 # ---- model
 init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
@@ -73,6 +73,7 @@ if __name__ == "__main__":
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
     with torch.no_grad(), ctx:
         for _ in range(num_samples):
-            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
+                               n_tokens=decodable_ids(vocab))
             print(decode(y[0].tolist()))
             print("---------------")

@@ -98,6 +98,12 @@ def encode_setting(encode, setting: str, text: str) -> list[int]:
         raise UserError(f"{setting}: {e}") from None
 
 
+def decodable_ids(vocab: dict | None) -> int | None:
+    """How many token ids codec(vocab) decodes, for generate to sample only those: GPT-2's 50257 for its BPE (a
+    model padded to 50304 has rows past them); None for characters, whose codec decodes every id."""
+    return None if (vocab or {}).get("chars") is not None else EOT + 1
+
+
 def codec(vocab: dict | None):
     """(encode, decode) for a vocabulary ({'tokenizer', 'chars'}, as dataset.vocabulary gives and checkpoints
     keep): its characters for a character vocabulary, else GPT-2's BPE."""

@@ -33,7 +33,7 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
                     excepthook, launcher_ranks, local_processes, on_rank0, peak_flops, resolve_dtype,
                     setup_distributed)
-from dataset import eval_key, get_batch, load_dataset, seed_from
+from dataset import eval_key, get_batch, load_dataset, model_vocab_size, seed_from
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
 from memory import check_fits, describe, free_bytes, largest_batch, plan
@@ -41,7 +41,7 @@ from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 from report import Reporter
 from sharding import full, full_state, shard
-from tokenizer import dataset_codec, encode_setting
+from tokenizer import dataset_codec, decodable_ids, encode_setting
 
 # ---- I/O
 out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go [out_dir != '']
@@ -333,7 +333,7 @@ if __name__ == "__main__":
 
     # ---- model init
     iter_num, tokens_seen, best_val_loss, best_iter = 0, 0, float("inf"), None
-    model_args = dict(vocab_size=data["vocab_size"] or 50304,  # 50304: GPT-2's 50257, padded
+    model_args = dict(vocab_size=model_vocab_size(data["vocab_size"], data["vocabulary"]),  # GPT-2's 50257: 50304
                       dropout=dropout, loss_chunk=loss_chunk, activation_checkpointing=activation_checkpointing,
                       **{k: config[k] for k in (*SHAPE_KEYS, *ARCH_KEYS) if k != "vocab_size"})
     if init_from == "scratch":
@@ -442,7 +442,8 @@ if __name__ == "__main__":
         raw_model.eval()
         with torch.no_grad(), ctx:  # its own generator: sampling leaves the training RNG streams alone
             ids = raw_model.generate(prompt, sample_tokens, temperature=0.8, top_k=200,
-                                     generator=torch.Generator(device).manual_seed(seed))
+                                     generator=torch.Generator(device).manual_seed(seed),
+                                     n_tokens=decodable_ids(data["vocabulary"]))
         raw_model.train()
         report.sample(it, decode(ids[0].tolist()))
 

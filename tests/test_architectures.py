@@ -134,3 +134,20 @@ def test_kv_cache_logits_match_a_full_forward():
         full = [model(x[:, :t + 1])[0][:, -1] for t in range(8, 12)]
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(stepped, full))
     assert cache[0]["k"].shape == (2, 2, 12, 8)  # n_kv_head keys per position are kept, not n_head
+
+
+def test_generation_samples_only_ids_the_tokenizer_decodes():
+    """A vocabulary padded past the tokenizer's (GPT-2's 50257 to 50304) has rows that decode to nothing."""
+    from dataset import model_vocab_size
+    assert model_vocab_size(50257, {"tokenizer": "gpt2", "chars": None}) == 50304
+    assert model_vocab_size(None, {"tokenizer": None, "chars": None}) == 50304  # nanoGPT's folders without meta
+    assert model_vocab_size(100277, {"tokenizer": "cl100k", "chars": None}) == 100288
+    assert model_vocab_size(65, {"tokenizer": "char", "chars": "x" * 65}) == 65  # characters as they are
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=128)).eval()
+    prompt = torch.zeros(4, 1, dtype=torch.long)
+    for use_cache in (True, False):
+        free = model.generate(prompt, 60, generator=torch.Generator().manual_seed(0), use_cache=use_cache)
+        held = model.generate(prompt, 60, generator=torch.Generator().manual_seed(0), use_cache=use_cache, n_tokens=65)
+        assert free.max() >= 65 and held.max() < 65  # an untrained model puts half its mass past 65
+        assert model.generate(prompt, 20, temperature=0, use_cache=use_cache, n_tokens=65).max() < 65

@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 import data.prepare as prepare  # the repository root is on sys.path (conftest.py)
 from conftest import gpt2_rank_file, run_script
@@ -166,14 +167,20 @@ def test_inputs_that_match_nothing_are_an_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_prepared_corpus_trains(tmp_path):
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_prepared_corpus_trains_and_samples(tmp_path, tokenizer):
     make_corpus(tmp_path / "corpus", n_docs=60)
     result = run_script("data/prepare.py", "--input", str(tmp_path / "corpus"), "--out_dir", str(tmp_path / "data"),
-                        "--tokenizer", "char", "--val_fraction", "0.2", "--shard_tokens", "2000", cwd=str(tmp_path))
+                        "--tokenizer", tokenizer, "--val_fraction", "0.2", "--shard_tokens", "2000", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     args = ["--dataset=" + str(tmp_path / "data"), "--out_dir=" + str(tmp_path / "out"), "--device=cpu",
             "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
-            "--gradient_accumulation_steps=1", "--max_iters=3", "--eval_interval=3", "--eval_iters=2"]
+            "--gradient_accumulation_steps=1", "--max_iters=3", "--eval_interval=3", "--eval_iters=2",
+            "--sample_interval=1", "--sample_tokens=50", "--sample_prompt=Document"]
     train = run_script("train.py", *args, cwd=str(tmp_path))
     assert train.returncode == 0, train.stderr
-    assert "uint16" in train.stdout
+    assert "uint16" in train.stdout and train.stdout.count("---- sample at iter") == 2
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    model_args = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["model_args"]
+    # characters exactly, as nanoGPT; GPT-2's 50257 padded to 50304, as nanoGPT pads it
+    assert model_args["vocab_size"] == (meta["vocab_size"] if tokenizer == "char" else 50304)
