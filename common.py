@@ -221,6 +221,11 @@ class FolderLock:
             self.file.close()
             raise UserError(f"out_dir {folder} is in use by {holder}: wait for that run to end, or choose another "
                             "out_dir") from None
+        except OSError as e:  # a filesystem without locks (some NFS, Lustre or FUSE mounts): run, but say so
+            if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            print(f"warning: out_dir {folder} is on a filesystem without file locks ({e.strerror or e}): a second "
+                  "run started in it would not be refused, so start only one", file=sys.stderr)
 
     def claim(self, who: str):
         """Write the holder's description, once every check has passed and the holder starts writing."""

@@ -292,3 +292,21 @@ def test_a_checkpoint_is_mapped_not_read_into_each_process(tmp_path):
     checkpoint = read_file(path)
     assert process.memory_info().rss - before < 32 * 2**20  # nothing read yet
     assert checkpoint["model"]["w"][-1] == 1.0  # and the bytes are there when used
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP], ids=["ENOLCK", "EOPNOTSUPP"])
+def test_a_filesystem_without_locks_runs_with_a_warning_but_a_held_lock_is_refused(tmp_path, monkeypatch, capsys, code):
+    import fcntl
+    from common import FolderLock
+    held = FolderLock(str(tmp_path))
+    held.claim("train.py (pid 1 on a host)")
+    with pytest.raises(UserError, match=r"is in use by train.py \(pid 1 on a host\)"):
+        FolderLock(str(tmp_path))
+
+    def flock(f, how):  # what an NFS, Lustre or FUSE mount without locks answers
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(fcntl, "flock", flock)
+    (tmp_path / "elsewhere").mkdir()
+    FolderLock(str(tmp_path / "elsewhere")).claim("a run")
+    assert (tmp_path / "elsewhere" / "run.lock").read_text() == "a run\n"
+    assert "on a filesystem without file locks" in capsys.readouterr().err
