@@ -169,10 +169,10 @@ class StopFlag:
 
     def _handle(self, signum, frame):
         if self.requested:
-            if signum == signal.SIGINT or time.time() - self.first > REPEAT_GRACE_S:
+            if signum == signal.SIGINT or time.monotonic() - self.first > REPEAT_GRACE_S:
                 os._exit(128 + signum)
             return
-        self.requested, self.first = True, time.time()
+        self.requested, self.first = True, time.monotonic()
         print(f"{signal.Signals(signum).name}: checkpointing after this step (under DDP, within {STOP_CHECK_STEPS} "
               "steps), then exiting (send it again to exit at once)", file=sys.stderr, flush=True)
 
@@ -495,9 +495,9 @@ if __name__ == "__main__":
     skip_on_device = not sync_every_step and skips_on_device(optimizer)
     skipped_steps, in_a_row, worst_in_a_row = (torch.zeros((), device=device) for _ in range(3))
     skipped_reported, last_losses, last_eval_iter = 0, None, None
-    t_start, train_time, start_iter = time.time(), 0.0, iter_num
+    t_start, train_time, start_iter = time.monotonic(), 0.0, iter_num
     X, Y = train_batch(iter_num, 0)
-    t_log, iters_since_log = time.time(), 0
+    t_log, iters_since_log = time.monotonic(), 0
     while True:
         lr = (get_lr(iter_num, learning_rate, warmup_iters, lr_decay_iters, min_lr, lr_schedule, cooldown_frac)
               if decay_lr else learning_rate)
@@ -506,7 +506,7 @@ if __name__ == "__main__":
 
         # evaluate and checkpoint, unless the checkpoint just resumed was written right after this same eval
         if (iter_num % eval_interval == 0 or iter_num >= max_iters) and not skip_first_eval:
-            t_eval = time.time()
+            t_eval = time.monotonic()
             losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
             improved = math.isfinite(losses["val"]) and losses["val"] < best_val_loss  # NaN never becomes best
             if improved:
@@ -521,7 +521,7 @@ if __name__ == "__main__":
                 save(evaluated=True, improved=improved)
             if master_process and sample_interval and evals_done % sample_interval == 0:
                 write_sample(iter_num)
-            t_log += time.time() - t_eval  # keep evaluation out of the ms/iter figures
+            t_log += time.monotonic() - t_eval  # keep evaluation out of the ms/iter figures
         skip_first_eval = False
         if iter_num >= max_iters:
             break
@@ -572,7 +572,7 @@ if __name__ == "__main__":
                                 f"{iter_num}): stopping with the last good checkpoint in {out_dir} kept; lower "
                                 "learning_rate, raise warmup_iters or check the data")
             if log_now:
-                t_now = time.time()  # after the sync above, so the timing is real
+                t_now = time.monotonic()  # after the sync above, so the timing is real
                 dt = (t_now - t_log) / iters_since_log
                 train_time += t_now - t_log
                 t_log, iters_since_log = t_now, 0
@@ -591,7 +591,7 @@ if __name__ == "__main__":
         "final_train_loss": last_losses["train"] if last_losses else None,
         "final_val_loss": last_losses["val"] if last_losses else None, "final_loss_iter": last_eval_iter,
         "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else None, "best_iter": best_iter,
-        "wall_time_s": time.time() - t_start,
+        "wall_time_s": time.monotonic() - t_start,
         "mean_tokens_per_sec": steps_done * tokens_per_iter / train_time if train_time else None,
         "mean_mfu": raw_model.estimate_mfu(tokens_per_iter // world_size, train_time / steps_done, peak) if steps_done else None,
         "checkpoint": os.path.join(out_dir, "ckpt.pt") if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else None,
