@@ -293,15 +293,17 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
 
 
 def training_state(model_state: dict, optimizer_state: dict, scaler, model_args: dict, config: dict, progress: dict,
-                   rng_states: list[dict], wandb_run_id: str | None, evaluated: bool, vocabulary: dict) -> dict:
+                   rng_states: list[dict], wandb_run_id: str | None, evaluated: bool, vocabulary: dict,
+                   data_files: dict) -> dict:
     """The whole state of a run, as save_checkpoint writes it and restore_training_state puts it back: the
     unwrapped model's weights (no _orig_mod. or module. prefixes) and the optimizer's state, both whole
     (sharding.full_state), the scaler's state, the model's shape, the config, progress (PROGRESS_KEYS), every
-    rank's RNG streams, the wandb run id, whether the step was evaluated before the save, and the dataset's
-    vocabulary (see check_vocabulary)."""
+    rank's RNG streams, the wandb run id, whether the step was evaluated before the save, the dataset's
+    vocabulary (see check_vocabulary) and its token files (dataset.token_files, for dataset.data_change)."""
     return {"model": model_state, "optimizer": optimizer_state, "scaler": scaler.state_dict(),
             "model_args": model_args, "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id,
-            "evaluated": evaluated, "vocabulary": vocabulary, **{k: progress[k] for k in PROGRESS_KEYS}}
+            "evaluated": evaluated, "vocabulary": vocabulary, "data_files": data_files,
+            **{k: progress[k] for k in PROGRESS_KEYS}}
 
 
 def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, optimizer, scaler, rank: int,

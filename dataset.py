@@ -113,6 +113,24 @@ def vocabulary_of(meta: dict | None, pkl: dict | None) -> dict:
     return {"tokenizer": None, "chars": None}
 
 
+def token_files(data: dict) -> dict:
+    """{split: [[file name, tokens], ...]} of a loaded dataset (load_dataset): what a checkpoint keeps of the data
+    its run read, so that a resume can tell when the data changed under the run."""
+    return {split: [[os.path.basename(path), n] for path, n in files] for split, files in data["splits"].items()}
+
+
+def data_change(saved: dict | None, now: dict) -> str | None:
+    """How the token files a run read (token_files, as its checkpoint keeps them; None for checkpoints from before
+    they were kept) differ from the dataset's now, in words; None when they do not."""
+    if saved is None:
+        return None
+
+    def files(split_files):
+        return f"{len(split_files)} file{'s' * (len(split_files) != 1)} of {sum(n for _, n in split_files):,} tokens"
+    return "; ".join(f"{split}: {files(saved[split])} then, {files(now[split])} now"
+                     for split in ("train", "val") if saved.get(split) != now[split]) or None
+
+
 def model_vocab_size(vocab_size: int | None, vocabulary: dict) -> int:
     """The vocabulary of a model trained on a dataset that declares vocab_size (None: unknown) and vocabulary (see
     vocabulary_of). A character dataset's exactly, as nanoGPT has it. A tokenizer's rounded up to a multiple of 64,

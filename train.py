@@ -33,7 +33,7 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
                     excepthook, launcher_ranks, local_processes, on_rank0, peak_flops, resolve_dtype,
                     setup_distributed)
-from dataset import eval_key, get_batch, load_dataset, model_vocab_size, seed_from
+from dataset import data_change, eval_key, get_batch, load_dataset, model_vocab_size, seed_from, token_files
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
 from memory import check_fits, describe, free_bytes, largest_batch, plan
@@ -315,6 +315,11 @@ if __name__ == "__main__":
                  f"vocab_size {data['vocab_size'] or 'unknown'}")
     if checkpoint is not None:
         check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
+        change = data_change(checkpoint.get("data_files"), token_files(data))
+        if change:  # more data may be meant; a changed val split makes losses before and after incomparable
+            report.print(f"warning: dataset {dataset} changed since the checkpoint ({change}): the batches from here "
+                         "are not an unbroken run's, and val losses before and after are on different data (best.pt "
+                         "was chosen on the old val split)", always=True)
     codec = dataset_codec(data["dir"]) if hellaswag_interval or (sample_interval and master_process) else None
     if sample_interval:  # a prompt the dataset cannot encode fails now, not at the first sample
         on_rank0(lambda: encode_setting(codec[0], "sample_prompt", sample_prompt), rank, world_size)
@@ -456,7 +461,8 @@ if __name__ == "__main__":
         def write():
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
             save_checkpoint(training_state(model_state, optimizer_state, scaler, model_args, config, progress, rng_states,
-                                           wandb_run_id, evaluated, data["vocabulary"]), os.path.join(out_dir, "ckpt.pt"))
+                                           wandb_run_id, evaluated, data["vocabulary"], token_files(data)),
+                            os.path.join(out_dir, "ckpt.pt"))
             publish_checkpoint(out_dir, iter_num, improved, keep_last_n if evaluated else 0)  # a signal's save: ckpt.pt only
             report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))
         on_rank0(write, rank, world_size)

@@ -5,6 +5,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -278,6 +279,28 @@ def test_processes_that_read_different_checkpoints_are_stopped_before_training(c
     assert result.returncode != 0
     assert "(rank 1: every node must see out_dir, on a filesystem they share)" in result.stderr
     assert digests(tmp_path / "n0" / "out") == before  # rank 0's run is as it was
+
+
+def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(char_data, data)
+    out = str(tmp_path / "out")
+    for max_iters in (4, 8):
+        result = run_script("train.py", *args_for(str(data), out, max_iters=max_iters,
+                                                  init_from="resume" if max_iters == 8 else "scratch"), cwd=str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        assert "changed since the checkpoint" not in result.stdout
+    meta = json.loads((data / "meta.json").read_text())  # the val split re-made, half as long
+    val = meta["splits"]["val"]
+    n = val["file_tokens"][0]
+    with open(data / val["files"][0], "r+b") as f:
+        f.truncate(n // 2 * 2)  # uint16 tokens
+    val["file_tokens"] = [n // 2]
+    (data / "meta.json").write_text(json.dumps(meta))
+    result = run_script("train.py", *args_for(str(data), out, max_iters=12, init_from="resume"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (f"warning: dataset {data} changed since the checkpoint (val: 1 file of {n:,} tokens then, 1 file of "
+            f"{n // 2:,} tokens now)") in result.stdout
 
 # ---- off the happy path, handled without an error (the mistakes that are refused are in test_mistakes.py)
 
