@@ -106,17 +106,29 @@ def load_checkpoint(path: str) -> dict:
     return checkpoint
 
 
-def check_same_checkpoint(checkpoint: dict, path: str, rank: int, world_size: int):
-    """Every process reads ckpt.pt itself, where it sees out_dir; all must have read the same one. On a node's own
-    disk a process finds another run's or an older checkpoint, and DDP's first broadcast would hide it: the weights
-    agree, but steps, learning rates, moments and batches would not. Compared: the progress and the bytes of the
-    small tensors (norms, biases), which every step changes. A collective: all ranks call it."""
+def checkpoint_digest(checkpoint: dict) -> str:
+    """A digest of a checkpoint's progress and of the bytes of its small tensors (norms, biases), which every step
+    changes: cheap to take from a mapped file, and different for another run's or an older checkpoint."""
     digest = hashlib.sha256(repr([checkpoint[k] for k in PROGRESS_KEYS]).encode())
     for name, tensor in sorted(checkpoint["model"].items()):
         if tensor.numel() <= 2**16:
-            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            digest.update(name.encode() + tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_same_checkpoint(checkpoint: dict | None, failure: str | None, path: str, world_size: int):
+    """Every process reads ckpt.pt itself, where it sees out_dir; all must have read the same one. On a node's own
+    disk a process finds another run's or an older checkpoint, and DDP's first broadcast would hide it: the weights
+    agree, but steps, learning rates, moments and batches would not. Or it finds none: failure is this process's
+    error in reading it (checkpoint None), which stops every process, rank 0's first. A collective: all ranks
+    call it, once they have joined the process group."""
     seen = [None] * world_size
-    dist.all_gather_object(seen, (checkpoint["iter_num"], digest.hexdigest()))
+    dist.all_gather_object(seen, (failure,) if failure else (checkpoint["iter_num"], checkpoint_digest(checkpoint)))
+    failed = [(r, s[0]) for r, s in enumerate(seen) if len(s) == 1]
+    if failed:
+        r, message = failed[0]
+        raise UserError(message if r == 0 else f"{message} (rank {r}, while rank 0 read it: every node must see "
+                                               "out_dir, on a filesystem they share)")
     others = [f"rank {r} one at iter {it:,}" for r, (it, d) in enumerate(seen) if d != seen[0][1]]
     if others:
         raise UserError(f"the processes read different checkpoints at {path}: rank 0 one at iter {seen[0][0]:,}, "
@@ -189,7 +201,7 @@ def kept_name(iter_num: int) -> str:
 def kept_step(name: str) -> int:
     """The step a kept checkpoint's file name gives (ckpt_0000900.pt, or ckpt_900.pt unpadded); -1 for another name."""
     digits = name[5:-3] if name.startswith("ckpt_") and name.endswith(".pt") else ""
-    return int(digits) if digits.isdigit() else -1
+    return int(digits) if digits.isascii() and digits.isdigit() else -1  # "²".isdigit(), but int() refuses it
 
 
 def checkpoint_file(out_dir: str, name: str) -> str:

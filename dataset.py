@@ -97,11 +97,17 @@ def read_meta_pkl(data_dir: str) -> dict | None:
     return meta
 
 
-def vocabulary(data_dir: str) -> dict:
-    """{'tokenizer', 'chars'} of a dataset folder: from meta.json, else from nanoGPT's meta.pkl (a character
-    dataset); None for what is unknown (a nanoGPT folder without meta.pkl)."""
+def declared_vocab(data_dir: str) -> tuple[int | None, dict]:
+    """(vocab_size, vocabulary) that a dataset folder declares: from meta.json, else from nanoGPT's meta.pkl (a
+    character dataset); None for what is unknown (a nanoGPT folder without meta.pkl). vocabulary: see vocabulary_of."""
     meta = read_meta(data_dir)
-    return vocabulary_of(meta, read_meta_pkl(data_dir) if meta is None else None)
+    pkl = read_meta_pkl(data_dir) if meta is None else None
+    return (meta or pkl or {}).get("vocab_size"), vocabulary_of(meta, pkl)
+
+
+def vocabulary(data_dir: str) -> dict:
+    """{'tokenizer', 'chars'} of a dataset folder (declared_vocab's)."""
+    return declared_vocab(data_dir)[1]
 
 
 def vocabulary_of(meta: dict | None, pkl: dict | None) -> dict:
@@ -119,16 +125,13 @@ def token_files(data: dict) -> dict:
     return {split: [[os.path.basename(path), n] for path, n in files] for split, files in data["splits"].items()}
 
 
-def data_change(saved: dict | None, now: dict) -> str | None:
-    """How the token files a run read (token_files, as its checkpoint keeps them; None for checkpoints from before
-    they were kept) differ from the dataset's now, in words; None when they do not."""
-    if saved is None:
-        return None
-
+def data_change(saved: dict | None, now: dict) -> dict:
+    """{split: how its files changed, in words} between the token files a run read (token_files, as its checkpoint
+    keeps them; None for checkpoints from before they were kept) and the dataset's now; empty when none did."""
     def files(split_files):
         return f"{len(split_files)} file{'s' * (len(split_files) != 1)} of {sum(n for _, n in split_files):,} tokens"
-    return "; ".join(f"{split}: {files(saved[split])} then, {files(now[split])} now"
-                     for split in ("train", "val") if saved.get(split) != now[split]) or None
+    return {split: f"{files(saved[split])} then, {files(now[split])} now"
+            for split in ("train", "val") if saved is not None and saved.get(split) != now[split]}
 
 
 def model_vocab_size(vocab_size: int | None, vocabulary: dict) -> int:

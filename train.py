@@ -246,30 +246,25 @@ if __name__ == "__main__":
         os.makedirs(config["out_dir"], exist_ok=True)
         # taken before the checkpoint is read and held until this process ends: a second run here is refused
         lock = FolderLock(config["out_dir"])
-    checkpoint = None
+    checkpoint, resume_failure = None, None
     if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
         ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
-        try:
+        try:  # every process reads it, where it sees out_dir
             checkpoint = load_checkpoint(ckpt_path)
-        except UserError as e:  # each process reads it itself, where it sees out_dir
-            if master_process:
+            check_same_shape(checkpoint["model_args"], config, config_defaults)
+            if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"]:
+                raise UserError(f"checkpoint {ckpt_path} was trained with optimizer="
+                                f"{checkpoint['config'].get('optimizer', 'adamw')}, not {config['optimizer']}: resume "
+                                f"with that optimizer, or start a new run from its weights with --init_from={ckpt_path} "
+                                "in another out_dir")
+        except UserError as e:  # under torchrun, held till all have joined: a process that stopped alone would
+            if ranks is None:   # leave the others (on other nodes) waiting to join until ddp_timeout
                 raise
-            raise UserError(f"{e} (rank {ranks[0]}: every node must see out_dir, on a filesystem they share)") from None
-        check_same_shape(checkpoint["model_args"], config, config_defaults)
-        if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"]:
-            raise UserError(f"checkpoint {ckpt_path} was trained with optimizer={checkpoint['config'].get('optimizer', 'adamw')}, "
-                            f"not {config['optimizer']}: resume with that optimizer, or start a new run from its weights "
-                            f"with --init_from={ckpt_path} in another out_dir")
-        config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
-        if config["batch_size"] == "auto":  # the batch it was planned with, wherever it resumes: the same batches
-            config["batch_size"] = checkpoint["config"]["batch_size"]
-        if checkpoint["evaluated"] and checkpoint["iter_num"] >= config["max_iters"] and not config["eval_only"]:
-            if master_process:
-                Reporter(config["out_dir"], config["log_format"], active=True).print(
-                    f"the run in {config['out_dir']} is finished: its checkpoint is at iter {checkpoint['iter_num']} "
-                    f"and max_iters is {config['max_iters']}; nothing to do (raise --max_iters to train it further, "
-                    "or evaluate it with --eval_only=True)", always=True)
-            sys.exit(0)
+            checkpoint, resume_failure = None, str(e)
+        if checkpoint is not None:
+            config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
+            if config["batch_size"] == "auto":  # the batch it was planned with, wherever it resumes: the same batches
+                config["batch_size"] = checkpoint["config"]["batch_size"]
     globals().update(config)
 
     # ---- distributed setup
@@ -284,10 +279,17 @@ if __name__ == "__main__":
         check_compile_mode(compile_mode, gradient_accumulation_steps // (ranks[2] if ranks else 1))
     rank, local_rank, world_size, device = setup_distributed(ranks, device, backend, ddp_timeout)
     ddp = world_size > 1  # several processes, whichever the parallelism
-    if ddp and checkpoint is not None:
-        check_same_checkpoint(checkpoint, ckpt_path, rank, world_size)
+    if ddp and init_from == "resume":
+        check_same_checkpoint(checkpoint, resume_failure, ckpt_path, world_size)
     fsdp = ddp and parallelism == "fsdp"
     report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
+    if checkpoint is not None and checkpoint["evaluated"] and checkpoint["iter_num"] >= max_iters and not eval_only:
+        report.print(f"the run in {out_dir} is finished: its checkpoint is at iter {checkpoint['iter_num']} and "
+                     f"max_iters is {max_iters}; nothing to do (raise --max_iters to train it further, or evaluate it "
+                     "with --eval_only=True)", always=True)
+        if ddp:  # every rank read the same checkpoint (checked above), so every rank ends here
+            dist.destroy_process_group()
+        sys.exit(0)
     if fsdp:  # every rank runs every forward pass under FSDP (each gathers weights from all): no rank may do fewer
         if eval_iters % world_size:
             raise UserError(f"eval_iters {eval_iters} is not divisible by the world size {world_size}: under FSDP every "
@@ -317,9 +319,11 @@ if __name__ == "__main__":
         check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
         change = data_change(checkpoint.get("data_files"), token_files(data))
         if change:  # more data may be meant; a changed val split makes losses before and after incomparable
-            report.print(f"warning: dataset {dataset} changed since the checkpoint ({change}): the batches from here "
-                         "are not an unbroken run's, and val losses before and after are on different data (best.pt "
-                         "was chosen on the old val split)", always=True)
+            report.print(f"warning: dataset {dataset} changed since the checkpoint ("
+                         + "; ".join(f"{split}: {how}" for split, how in change.items())
+                         + "): the batches from here are not an unbroken run's"
+                         + (", and val losses before and after are on different data (best.pt was chosen on the "
+                            "old val split)" if "val" in change else ""), always=True)
     codec = dataset_codec(data["dir"]) if hellaswag_interval or (sample_interval and master_process) else None
     if sample_interval:  # a prompt the dataset cannot encode fails now, not at the first sample
         on_rank0(lambda: encode_setting(codec[0], "sample_prompt", sample_prompt), rank, world_size)

@@ -83,3 +83,11 @@ def test_gpt2_encoding_uses_a_cached_rank_file(tmp_path, monkeypatch):
     # offline, tiktoken's own download fails and the cached copy is used; online, tiktoken gives the same ids
     assert gpt2_encoding().encode("hello world") == [31373, 995]
     assert tokenizer.cache_path() == str(tmp_path / "nanogpt" / "gpt2.tiktoken")
+
+
+def test_a_data_change_names_each_split_that_changed():
+    from dataset import data_change
+    saved = {"train": [["train_000.bin", 1000]], "val": [["val.bin", 100]]}
+    assert data_change(saved, saved) == {} and data_change(None, saved) == {}  # unchanged; a checkpoint from before
+    more = {**saved, "train": [["train_000.bin", 1000], ["train_001.bin", 500]]}
+    assert data_change(saved, more) == {"train": "1 file of 1,000 tokens then, 2 files of 1,500 tokens now"}

@@ -249,36 +249,39 @@ def test_two_nodes_on_loopback_match_one_node(char_data, tmp_path):
 
 
 NODE_LOCAL = """import os, runpy, sys
-os.chdir("n" + os.environ["LOCAL_RANK"])  # as if each process ran on a node of its own, out_dir on its own disk
+os.chdir("n" + os.environ["GROUP_RANK"])  # this node's folder: out_dir on the node's own disk
 sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as running train.py itself would
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_processes_that_read_different_checkpoints_are_stopped_before_training(char_data, tmp_path):
-    """out_dir on each node's own disk: rank 1 finds an older checkpoint than rank 0's, and must not train from it."""
+def test_nodes_that_read_different_checkpoints_are_stopped_before_training(char_data, tmp_path):
+    """Two nodes on loopback, out_dir on each node's own disk: node 1 finds an older checkpoint than node 0's, and
+    must not train from it; then none at all."""
     for node, iters in (("n0", 8), ("n1", 4)):
         os.makedirs(tmp_path / node)
         assert run_script("train.py", *args_for(char_data, "out", max_iters=iters), cwd=str(tmp_path / node)).returncode == 0
     before = digests(tmp_path / "n0" / "out")
     (tmp_path / "node_local.py").write_text(NODE_LOCAL)
 
-    def resume():
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                               str(tmp_path / "node_local.py"), os.path.join(ROOT, "train.py"),
-                               *args_for(char_data, "out", backend="gloo", init_from="resume")],
-                              cwd=str(tmp_path), capture_output=True, text=True, timeout=180,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-    result = resume()
-    assert result.returncode != 0
+    def resume() -> str:
+        port = free_port()
+        nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--nnodes=2",
+                                   f"--node_rank={r}", "--master_addr=127.0.0.1", f"--master_port={port}",
+                                   str(tmp_path / "node_local.py"), os.path.join(ROOT, "train.py"),
+                                   *args_for(char_data, "out", backend="gloo", init_from="resume")],
+                                  cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in (0, 1)]
+        stderr = [node.communicate(timeout=180)[1] for node in nodes]
+        assert all(node.returncode != 0 for node in nodes)
+        return "".join(stderr)
     assert ("error: the processes read different checkpoints at out/ckpt.pt: rank 0 one at iter 8, rank 1 one at "
-            "iter 4; every node must see the same out_dir") in result.stderr
-    os.remove(tmp_path / "n1" / "out" / "ckpt.pt")  # and where rank 1 finds none at all
-    result = resume()
-    assert result.returncode != 0
-    assert "(rank 1: every node must see out_dir, on a filesystem they share)" in result.stderr
-    assert digests(tmp_path / "n0" / "out") == before  # rank 0's run is as it was
+            "iter 4; every node must see the same out_dir") in resume()
+    os.remove(tmp_path / "n1" / "out" / "ckpt.pt")
+    assert ("error: no checkpoint at out/ckpt.pt: check out_dir (init_from='resume' continues a run saved there) "
+            "(rank 1, while rank 0 read it: every node must see out_dir, on a filesystem they share)") in resume()
+    assert digests(tmp_path / "n0" / "out") == before  # node 0's run is as it was
 
 
 def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
@@ -300,7 +303,8 @@ def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
     result = run_script("train.py", *args_for(str(data), out, max_iters=12, init_from="resume"), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert (f"warning: dataset {data} changed since the checkpoint (val: 1 file of {n:,} tokens then, 1 file of "
-            f"{n // 2:,} tokens now)") in result.stdout
+            f"{n // 2:,} tokens now): the batches from here are not an unbroken run's, and val losses before and after "
+            "are on different data") in result.stdout
 
 # ---- off the happy path, handled without an error (the mistakes that are refused are in test_mistakes.py)
 

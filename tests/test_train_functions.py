@@ -292,6 +292,17 @@ def test_a_checkpoint_is_mapped_not_read_into_each_process(tmp_path):
     checkpoint = read_file(path)
     assert process.memory_info().rss - before < 32 * 2**20  # nothing read yet
     assert checkpoint["model"]["w"][-1] == 1.0  # and the bytes are there when used
+    torch.save({"w": torch.arange(3.0)}, path, _use_new_zipfile_serialization=False)  # torch's format before 1.6
+    assert read_file(path)["w"].tolist() == [0.0, 1.0, 2.0]  # cannot be mapped: read whole
+
+
+def test_a_checkpoints_digest_tells_a_copy_from_another_step_with_the_same_progress():
+    from checkpoint import checkpoint_digest
+    progress = dict(iter_num=8, tokens=100, best_val_loss=2.0, best_iter=8)
+    saved = {"model": {"ln_f.weight": torch.ones(4), "wte.weight": torch.zeros(2**17)}, **progress}
+    copy = {"model": {k: v.clone() for k, v in saved["model"].items()}, **progress}
+    other = {"model": {**saved["model"], "ln_f.weight": torch.full((4,), 1.001)}, **progress}
+    assert checkpoint_digest(saved) == checkpoint_digest(copy) != checkpoint_digest(other)
 
 
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP], ids=["ENOLCK", "EOPNOTSUPP"])
