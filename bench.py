@@ -233,14 +233,12 @@ def resolve_device(device: str) -> str:
 def dataset_vocab_size(dataset: str) -> int:
     """The vocabulary train.py would give a model of the dataset (dataset.model_vocab_size): GPT-2's padded 50304
     where it is not prepared or does not say."""
-    from dataset import find_dataset, model_vocab_size, read_meta, read_meta_pkl, vocabulary_of
+    from dataset import declared_vocab, find_dataset, model_vocab_size
     try:
         data_dir = find_dataset(dataset)
     except UserError:
         return model_vocab_size(None, {})
-    meta = read_meta(data_dir)
-    pkl = None if meta else read_meta_pkl(data_dir)
-    return model_vocab_size((meta or pkl or {}).get("vocab_size"), vocabulary_of(meta, pkl))
+    return model_vocab_size(*declared_vocab(data_dir))
 
 
 def gpt_config(cfg: dict) -> GPTConfig:

@@ -257,6 +257,17 @@ def test_bench_compare_stopped_while_building_times_one_round_of_the_configs_bui
     assert re.search(r"^B1/A tokens/s: [\d.]+x", output, re.M) and "B2/A" not in output
 
 
+def test_bench_gives_a_dataset_the_vocabulary_train_gives_it(char_data, tmp_path):
+    import bench
+    from conftest import char_vocab_size
+    assert bench.dataset_vocab_size(char_data) == char_vocab_size(char_data)  # characters exactly
+    split = {"files": ["x.bin"], "file_tokens": [10]}
+    (tmp_path / "meta.json").write_text(json.dumps({"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16",
+                                                    "splits": {"train": split, "val": split}}))
+    assert bench.dataset_vocab_size(str(tmp_path)) == 50304  # GPT-2's BPE padded, as train.py pads it
+    assert bench.dataset_vocab_size(str(tmp_path / "not_prepared")) == 50304
+
+
 def test_every_train_setting_is_a_bench_setting_or_declared_irrelevant_to_speed():
     import bench
     import train
