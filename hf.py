@@ -117,6 +117,10 @@ def to_transformers(model: GPT, vocab: dict | None = None):
     if missing or unexpected:  # a transformers version with other names: say so rather than export a broken model
         raise UserError(f"this transformers version names {cls.__name__}'s weights differently (missing "
                         f"{missing[:3]}, unexpected {unexpected[:3]}): export with transformers 4.4x or 5.x")
+    from tokenizer import decodable_ids
+    decodable = decodable_ids(vocab)
+    if decodable is not None and model.config.vocab_size > decodable:  # a padded vocabulary's rows decode to nothing
+        hf_model.generation_config.suppress_tokens = list(range(decodable, model.config.vocab_size))
     return hf_model.eval()
 
 

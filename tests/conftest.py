@@ -207,3 +207,15 @@ def read_metrics(out_dir) -> list[dict]:
 
 def step_losses(rows) -> dict[int, float]:
     return {int(r["iter"]): float(r["loss"]) for r in rows if r["loss"]}
+
+
+def favour_padding(model, n_tokens: int):
+    """Make a model (bias=True) give nearly all its probability to the ids from n_tokens up, the rows a
+    padded vocabulary has past its tokenizer's, whatever the input: the final norm then gives one vector b at every
+    position, and those rows of the output layer are 10 b."""
+    import torch
+    with torch.no_grad():
+        b = torch.randn(model.config.n_embd, generator=torch.Generator().manual_seed(0))
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.copy_(b)
+        model.lm_head.weight[n_tokens:] = 10 * b

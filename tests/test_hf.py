@@ -8,7 +8,7 @@ import torch
 
 from checkpoint import load_trained
 from common import UserError
-from conftest import gpt2_rank_file, read_metrics, run_script, tiny_args
+from conftest import favour_padding, gpt2_rank_file, read_metrics, run_script, tiny_args
 
 transformers = pytest.importorskip("transformers")  # a test dependency (requirements-dev.txt), optional for users
 import hf  # noqa: E402  (after the skip: hf.py imports transformers lazily, but its tests need it)
@@ -48,6 +48,17 @@ def test_exported_folder_loads_in_transformers_with_our_logits(tmp_path, arch, c
     with torch.no_grad():
         theirs = loaded(idx).logits
     assert (logits_of(model, idx) - theirs).abs().max() < 1e-5
+
+
+def test_an_exported_padded_vocabulary_never_generates_a_padding_id(tmp_path):
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=50304, bias=True)).eval()
+    favour_padding(model, 50257)
+    start = torch.tensor([[50256]])
+    assert model(start)[0].argmax() >= 50257  # greedy decoding would pick a padding id
+    hf.to_transformers(model, None).save_pretrained(str(tmp_path))  # GPT-2's BPE, 50257 ids
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+    generated = loaded.generate(start, max_new_tokens=5, do_sample=False, pad_token_id=50256)[0, 1:]
+    assert len(generated) == 5 and generated.max() < 50257
 
 
 @pytest.mark.parametrize("arch", [GPT2_SHAPE, dict(bias=False), LLAMA_SHAPE])

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import data.prepare as prepare  # the repository root is on sys.path (conftest.py)
-from conftest import gpt2_rank_file, run_script
+from conftest import favour_padding, gpt2_rank_file, run_script
+from model import GPT, GPTConfig
 from tokenizer import gpt2_encoding
 
 
@@ -176,11 +177,23 @@ def test_prepared_corpus_trains_and_samples(tmp_path, tokenizer):
     args = ["--dataset=" + str(tmp_path / "data"), "--out_dir=" + str(tmp_path / "out"), "--device=cpu",
             "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
             "--gradient_accumulation_steps=1", "--max_iters=3", "--eval_interval=3", "--eval_iters=2",
-            "--sample_interval=1", "--sample_tokens=50", "--sample_prompt=Document"]
+            "--sample_interval=1", "--sample_tokens=50", "--sample_prompt=Document", "--bias=True"]
     train = run_script("train.py", *args, cwd=str(tmp_path))
     assert train.returncode == 0, train.stderr
     assert "uint16" in train.stdout and train.stdout.count("---- sample at iter") == 2
     meta = json.loads((tmp_path / "data" / "meta.json").read_text())
-    model_args = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["model_args"]
+    checkpoint = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
     # characters exactly, as nanoGPT; GPT-2's 50257 padded to 50304, as nanoGPT pads it
-    assert model_args["vocab_size"] == (meta["vocab_size"] if tokenizer == "char" else 50304)
+    assert checkpoint["model_args"]["vocab_size"] == (meta["vocab_size"] if tokenizer == "char" else 50304)
+    if tokenizer == "gpt2":  # a model that would sample padding ids, which tiktoken cannot decode: neither sampler does
+        model = GPT(GPTConfig(**checkpoint["model_args"]))
+        model.load_state_dict(checkpoint["model"])
+        favour_padding(model, 50257)
+        torch.save({**checkpoint, "model": model.state_dict()}, tmp_path / "out" / "ckpt.pt")
+        sample = run_script("sample.py", f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--start=Document",
+                            "--max_new_tokens=20", "--num_samples=1", cwd=str(tmp_path))
+        assert sample.returncode == 0, sample.stderr
+        again = run_script("train.py", *args, f"--init_from={tmp_path / 'out' / 'ckpt.pt'}",
+                           f"--out_dir={tmp_path / 'again'}", "--max_iters=1", "--eval_interval=1", cwd=str(tmp_path))
+        assert again.returncode == 0, again.stderr
+        assert "---- sample at iter 0 ----" in again.stdout
