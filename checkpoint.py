@@ -122,6 +122,10 @@ def check_same_checkpoint(checkpoint: dict | None, failure: str | None, path: st
     agree, but steps, learning rates, moments and batches would not. Or it finds none: failure is this process's
     error in reading it (checkpoint None), which stops every process, rank 0's first. A collective: all ranks
     call it, once they have joined the process group."""
+    if world_size == 1:  # torchrun with one process: nothing to compare, but the failure is still one
+        if failure:
+            raise UserError(failure)
+        return
     seen = [None] * world_size
     dist.all_gather_object(seen, (failure,) if failure else (checkpoint["iter_num"], checkpoint_digest(checkpoint)))
     failed = [(r, s[0]) for r, s in enumerate(seen) if len(s) == 1]

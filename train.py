@@ -279,7 +279,7 @@ if __name__ == "__main__":
         check_compile_mode(compile_mode, gradient_accumulation_steps // (ranks[2] if ranks else 1))
     rank, local_rank, world_size, device = setup_distributed(ranks, device, backend, ddp_timeout)
     ddp = world_size > 1  # several processes, whichever the parallelism
-    if ddp and init_from == "resume":
+    if init_from == "resume":
         check_same_checkpoint(checkpoint, resume_failure, ckpt_path, world_size)
     fsdp = ddp and parallelism == "fsdp"
     report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls

@@ -282,6 +282,9 @@ def test_nodes_that_read_different_checkpoints_are_stopped_before_training(char_
     assert ("error: no checkpoint at out/ckpt.pt: check out_dir (init_from='resume' continues a run saved there) "
             "(rank 1, while rank 0 read it: every node must see out_dir, on a filesystem they share)") in resume()
     assert digests(tmp_path / "n0" / "out") == before  # node 0's run is as it was
+    alone = run_script("train.py", *args_for(char_data, "out", init_from="resume"), cwd=str(tmp_path / "n1"),
+                       torchrun_procs=1)  # one process under torchrun: nothing to compare, the error all the same
+    assert alone.returncode != 0 and "error: no checkpoint at out/ckpt.pt: check out_dir" in alone.stderr
 
 
 def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
