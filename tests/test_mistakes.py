@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -86,9 +87,13 @@ def other_vocabulary(tmp, run, data):
                                                             os.path.join(tmp, "other"))
 
 
+IMPORT_LOCK = threading.Lock()
+
+
 def save_tiny_gpt2(tmp):
     """A GPT-2-shaped model with a 1024-token context, saved by transformers, as a local init_from folder."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    with IMPORT_LOCK:  # cases run two at a time, and transformers' lazy first import is not thread-safe
+        from transformers import GPT2Config, GPT2LMHeadModel
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=1024)).save_pretrained(
         os.path.join(tmp, "hf"))
 
