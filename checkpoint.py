@@ -116,23 +116,12 @@ def checkpoint_digest(checkpoint: dict) -> str:
     return digest.hexdigest()
 
 
-def check_same_checkpoint(checkpoint: dict | None, failure: str | None, path: str, world_size: int):
+def check_same_checkpoint(checkpoint: dict, path: str, world_size: int):
     """Every process reads ckpt.pt itself, where it sees out_dir; all must have read the same one. On a node's own
     disk a process finds another run's or an older checkpoint, and DDP's first broadcast would hide it: the weights
-    agree, but steps, learning rates, moments and batches would not. Or it finds none: failure is this process's
-    error in reading it (checkpoint None), which stops every process, rank 0's first. A collective: all ranks
-    call it, once they have joined the process group."""
-    if world_size == 1:  # torchrun with one process: nothing to compare, but the failure is still one
-        if failure:
-            raise UserError(failure)
-        return
+    agree, but steps, learning rates, moments and batches would not. A collective: all ranks call it."""
     seen = [None] * world_size
-    dist.all_gather_object(seen, (failure,) if failure else (checkpoint["iter_num"], checkpoint_digest(checkpoint)))
-    failed = [(r, s[0]) for r, s in enumerate(seen) if len(s) == 1]
-    if failed:
-        r, message = failed[0]
-        raise UserError(message if r == 0 else f"{message} (rank {r}, while rank 0 read it: every node must see "
-                                               "out_dir, on a filesystem they share)")
+    dist.all_gather_object(seen, (checkpoint["iter_num"], checkpoint_digest(checkpoint)))
     others = [f"rank {r} one at iter {it:,}" for r, (it, d) in enumerate(seen) if d != seen[0][1]]
     if others:
         raise UserError(f"the processes read different checkpoints at {path}: rank 0 one at iter {seen[0][0]:,}, "

@@ -151,6 +151,22 @@ def on_rank0(fn, rank: int, world_size: int):
     return result
 
 
+def raise_held(failure: str | None, world_size: int):
+    """Stop every process with the error one of them met before they joined the process group (failure: this
+    process's, or None): the lowest failing rank's message, on every rank. Such errors are held till the join,
+    since a process that stopped alone before it would leave the others, on other nodes, waiting to join until
+    ddp_timeout. A collective when world_size > 1: all ranks call it."""
+    failures = [failure]
+    if world_size > 1:
+        import torch.distributed as dist
+        failures = [None] * world_size
+        dist.all_gather_object(failures, failure)
+    for r, message in enumerate(failures):
+        if message:  # only reads of out_dir fail on one rank but not rank 0: a node that sees another out_dir
+            raise UserError(message if r == 0 else f"{message} (on rank {r}, not on rank 0: every node must see "
+                            "out_dir, on a filesystem they share)")
+
+
 def compile_problem(device: str) -> str | None:
     """Why torch.compile cannot work on this device, or None when it does: the compilers it needs are looked
     for, then a two-op function is compiled and run there, so a broken toolchain shows up here, as one line,

@@ -31,7 +31,7 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
                         publish_checkpoint, restore_training_state, save_checkpoint, take_optimizer_state,
                         training_state)
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
-                    excepthook, launcher_ranks, local_processes, on_rank0, peak_flops, resolve_dtype,
+                    excepthook, launcher_ranks, local_processes, on_rank0, peak_flops, raise_held, resolve_dtype,
                     setup_distributed)
 from dataset import data_change, eval_key, get_batch, load_dataset, model_vocab_size, seed_from, token_files
 from fp8 import check_fp8, use_fp8
@@ -240,31 +240,32 @@ if __name__ == "__main__":
     ranks = launcher_ranks(os.environ)  # checked before anything else, so a bad environment is one line
     node_processes = local_processes(os.environ)  # on a CPU they share the host's memory (see the memory plan)
     master_process = ranks is None or ranks[0] == 0  # only rank 0 writes files and prints
-    if master_process:
-        check_writable(config["out_dir"])
-    if master_process and not (config["eval_only"] or config["dry_run"]):  # these two write no run files
-        os.makedirs(config["out_dir"], exist_ok=True)
-        # taken before the checkpoint is read and held until this process ends: a second run here is refused
-        lock = FolderLock(config["out_dir"])
-    checkpoint, resume_failure = None, None
-    if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
-        ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
-        try:  # every process reads it, where it sees out_dir
-            checkpoint = load_checkpoint(ckpt_path)
+    # errors met in out_dir before the processes join: under torchrun held till they have (see raise_held)
+    held, checkpoint = None, None
+    try:
+        if master_process:
+            check_writable(config["out_dir"])
+        if master_process and not (config["eval_only"] or config["dry_run"]):  # these two write no run files
+            os.makedirs(config["out_dir"], exist_ok=True)
+            # taken before the checkpoint is read and held until this process ends: a second run here is refused
+            lock = FolderLock(config["out_dir"])
+        if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
+            ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
+            checkpoint = load_checkpoint(ckpt_path)  # every process reads it, where it sees out_dir
             check_same_shape(checkpoint["model_args"], config, config_defaults)
             if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"]:
                 raise UserError(f"checkpoint {ckpt_path} was trained with optimizer="
                                 f"{checkpoint['config'].get('optimizer', 'adamw')}, not {config['optimizer']}: resume "
                                 f"with that optimizer, or start a new run from its weights with --init_from={ckpt_path} "
                                 "in another out_dir")
-        except UserError as e:  # under torchrun, held till all have joined: a process that stopped alone would
-            if ranks is None:   # leave the others (on other nodes) waiting to join until ddp_timeout
-                raise
-            checkpoint, resume_failure = None, str(e)
-        if checkpoint is not None:
-            config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
-            if config["batch_size"] == "auto":  # the batch it was planned with, wherever it resumes: the same batches
-                config["batch_size"] = checkpoint["config"]["batch_size"]
+    except UserError as e:
+        if ranks is None:
+            raise
+        held, checkpoint = str(e), None
+    if checkpoint is not None:
+        config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
+        if config["batch_size"] == "auto":  # the batch it was planned with, wherever it resumes: the same batches
+            config["batch_size"] = checkpoint["config"]["batch_size"]
     globals().update(config)
 
     # ---- distributed setup
@@ -279,8 +280,9 @@ if __name__ == "__main__":
         check_compile_mode(compile_mode, gradient_accumulation_steps // (ranks[2] if ranks else 1))
     rank, local_rank, world_size, device = setup_distributed(ranks, device, backend, ddp_timeout)
     ddp = world_size > 1  # several processes, whichever the parallelism
-    if init_from == "resume":
-        check_same_checkpoint(checkpoint, resume_failure, ckpt_path, world_size)
+    raise_held(held, world_size)
+    if ddp and init_from == "resume":
+        check_same_checkpoint(checkpoint, ckpt_path, world_size)
     fsdp = ddp and parallelism == "fsdp"
     report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
     if checkpoint is not None and checkpoint["evaluated"] and checkpoint["iter_num"] >= max_iters and not eval_only:
@@ -288,6 +290,7 @@ if __name__ == "__main__":
                      f"max_iters is {max_iters}; nothing to do (raise --max_iters to train it further, or evaluate it "
                      "with --eval_only=True)", always=True)
         if ddp:  # every rank read the same checkpoint (checked above), so every rank ends here
+            dist.barrier()
             dist.destroy_process_group()
         sys.exit(0)
     if fsdp:  # every rank runs every forward pass under FSDP (each gathers weights from all): no rank may do fewer

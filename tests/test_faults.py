@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from common import FolderLock
 from conftest import ROOT, read_metrics, run_script, step_losses
 
 pytestmark = pytest.mark.slow  # each test runs the scripts end to end
@@ -258,7 +259,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def test_nodes_that_read_different_checkpoints_are_stopped_before_training(char_data, tmp_path):
     """Two nodes on loopback, out_dir on each node's own disk: node 1 finds an older checkpoint than node 0's, and
-    must not train from it; then none at all."""
+    must not train from it; then none at all; then node 0 alone fails (its out_dir is in use). Each time both
+    nodes stop with the line, rather than one waiting to join until ddp_timeout."""
     for node, iters in (("n0", 8), ("n1", 4)):
         os.makedirs(tmp_path / node)
         assert run_script("train.py", *args_for(char_data, "out", max_iters=iters), cwd=str(tmp_path / node)).returncode == 0
@@ -278,13 +280,17 @@ def test_nodes_that_read_different_checkpoints_are_stopped_before_training(char_
         return "".join(stderr)
     assert ("error: the processes read different checkpoints at out/ckpt.pt: rank 0 one at iter 8, rank 1 one at "
             "iter 4; every node must see the same out_dir") in resume()
-    os.remove(tmp_path / "n1" / "out" / "ckpt.pt")
+    os.rename(tmp_path / "n1" / "out" / "ckpt.pt", tmp_path / "n1" / "ckpt.pt")
     assert ("error: no checkpoint at out/ckpt.pt: check out_dir (init_from='resume' continues a run saved there) "
-            "(rank 1, while rank 0 read it: every node must see out_dir, on a filesystem they share)") in resume()
+            "(on rank 1, not on rank 0: every node must see out_dir, on a filesystem they share)") in resume()
     assert digests(tmp_path / "n0" / "out") == before  # node 0's run is as it was
     alone = run_script("train.py", *args_for(char_data, "out", init_from="resume"), cwd=str(tmp_path / "n1"),
                        torchrun_procs=1)  # one process under torchrun: nothing to compare, the error all the same
     assert alone.returncode != 0 and "error: no checkpoint at out/ckpt.pt: check out_dir" in alone.stderr
+    os.rename(tmp_path / "n1" / "ckpt.pt", tmp_path / "n1" / "out" / "ckpt.pt")  # node 0 alone fails: both stop,
+    lock = FolderLock(str(tmp_path / "n0" / "out"))  # with node 0's line (its out_dir in use by another run)
+    lock.claim("another train.py")
+    assert "error: out_dir out is in use by another train.py" in resume()
 
 
 def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
