@@ -1,7 +1,7 @@
 """
 Datasets on disk: the one owner of meta.json (write_meta and read_meta), the checks that a dataset's token
-files are whole, and get_batch, which draws a batch of windows from them. Used by train.py, bench.py,
-sample.py, tokenizer.py and every prepare script.
+files are whole, get_batch, which draws a batch of windows from them, and Prefetcher, which reads batches
+ahead on background threads. Used by train.py, bench.py, sample.py, tokenizer.py and every prepare script.
 
 A dataset folder holds meta.json (written by data/prepare.py and the data/*/prepare.py scripts) and its
 token files; nanoGPT's layout (train.bin and val.bin as uint16, maybe meta.pkl) is read too.
@@ -10,6 +10,8 @@ import glob
 import json
 import os
 import pickle
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -229,13 +231,13 @@ def seed_from(key: tuple[int, ...]) -> int:
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
 
 
-def get_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
-              device: str) -> tuple:
-    """batch_size random windows of a split: inputs x and targets y = x shifted by one, both (B, T) int64.
-    shards lists the split's token files as (path, n_tokens); a window lies within one file, and every
-    possible window is equally likely. The offsets come from a generator seeded by `key` alone, e.g.
-    (seed, 0, iter, micro_step), so a batch does not depend on how many processes share the work or on
-    what ran before it."""
+def read_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
+               pin: bool = False) -> tuple:
+    """batch_size random windows of a split, in host memory (pinned if pin): inputs x and targets y = x shifted by
+    one, both (B, T) int64. shards lists the split's token files as (path, n_tokens); a window lies within one
+    file, and every possible window is equally likely. The offsets come from a generator seeded by `key` alone,
+    e.g. (seed, 0, iter, micro_step), so a batch does not depend on how many processes share the work, on what
+    ran before it, or on which thread reads it."""
     import torch  # here only: the prepare scripts and their worker processes use this module without torch
     starts = np.array([max(0, n - block_size) for _, n in shards])  # window starts per file
     ends = np.cumsum(starts)
@@ -250,7 +252,59 @@ def get_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size:
         rows[hit] = data[offsets[hit, None] + np.arange(block_size + 1)]
     rows = torch.from_numpy(rows)
     x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-    if torch.device(device).type == "cuda":
-        # pinned memory lets the copy run while the GPU is still busy with the previous micro-step
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+    return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+
+
+def to_device(batch: tuple, device: str) -> tuple:
+    """A batch from read_batch on the device; from pinned memory to a GPU the copy runs while the GPU works."""
+    return tuple(t.to(device, non_blocking=t.is_pinned()) for t in batch)
+
+
+def get_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
+              device: str) -> tuple:
+    """read_batch's batch, read now in this thread, on the device."""
+    import torch
+    pin = torch.device(device).type == "cuda"
+    return to_device(read_batch(shards, dtype, batch_size, block_size, key, pin), device)
+
+
+class Prefetcher:
+    """An iterator over read(key) for each key of keys in turn, up to `depth` read ahead by as many background
+    threads, so that reading, page faults on a cold token file included (milliseconds per window), happens while
+    the device and the main thread work, and several reads wait on the disk at once. Each item is the next batch
+    on the device, in the order of keys; an error of a read is raised there. depth 0 reads each batch when it is
+    asked for, in the caller's thread. read gives host tensors, pinned for a GPU (see read_batch)."""
+
+    def __init__(self, read, keys, depth: int, device: str):
+        import torch
+        self.read, self.keys, self.device, self.pending, self.pool = read, iter(keys), device, deque(), None
+        if depth > 0:
+            index = torch.device(device).index if torch.device(device).type == "cuda" else None
+            # pinning makes a CUDA context on the thread's current device, which is GPU 0 unless set
+            self.pool = ThreadPoolExecutor(depth, thread_name_prefix="prefetch",
+                                           initializer=None if index is None else torch.cuda.set_device,
+                                           initargs=() if index is None else (index,))
+            for _ in range(depth):
+                self.read_ahead()
+
+    def read_ahead(self):
+        key = next(self.keys, None)
+        if key is not None:
+            self.pending.append(self.pool.submit(self.read, key))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple:
+        if self.pool is None:
+            return to_device(self.read(next(self.keys)), self.device)
+        if not self.pending:
+            raise StopIteration
+        batch = self.pending.popleft().result()
+        self.read_ahead()
+        return to_device(batch, self.device)
+
+    def close(self):
+        """Stop reading ahead; reads already running finish on their own."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)

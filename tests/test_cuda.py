@@ -1,4 +1,4 @@
-"""The CUDA paths: bf16 autocast, torch.compile with triton, fused AdamW, pinned batches, fp16 loss
+"""The CUDA paths: bf16 autocast, torch.compile with triton, fused AdamW, pinned batches read ahead, fp16 loss
 scaling, checkpoints on a GPU, nccl. Skipped without a GPU; the GPU suite (scripts/gpu_suite.py) runs them."""
 import os
 
@@ -38,6 +38,18 @@ def test_pinned_batches_on_the_gpu_equal_the_cpu_ones(gpu_data):
         x_cpu, y_cpu = get_batch(data["splits"]["train"], data["dtype"], 8, 64, (0, 0, step, 0), "cpu")
         x_gpu, y_gpu = get_batch(data["splits"]["train"], data["dtype"], 8, 64, (0, 0, step, 0), "cuda")
         assert x_gpu.is_cuda and torch.equal(x_gpu.cpu(), x_cpu) and torch.equal(y_gpu.cpu(), y_cpu)
+
+
+def test_batches_read_ahead_in_pinned_memory_reach_the_gpu_as_the_cpu_reads_them(gpu_data):
+    from dataset import Prefetcher, get_batch, load_dataset, read_batch
+    data = load_dataset(gpu_data, 64)
+    keys = [(0, 0, step, m) for step in range(4) for m in range(2)]
+    batches = Prefetcher(lambda key: read_batch(data["splits"]["train"], data["dtype"], 8, 64, key, pin=True), keys, 3,
+                         "cuda:0")  # a device index: the threads set it before pinning
+    for key, (x, y) in zip(keys, batches):
+        x_cpu, y_cpu = get_batch(data["splits"]["train"], data["dtype"], 8, 64, key, "cpu")
+        assert x.is_cuda and torch.equal(x.cpu(), x_cpu) and torch.equal(y.cpu(), y_cpu)
+    batches.close()
 
 
 def test_bf16_compiled_model_matches_eager_and_learns_with_fused_adamw():

@@ -2,6 +2,8 @@
 import errno
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import torch
 
 from model import GPT, GPTConfig
 from common import UserError
-from dataset import count_tokens, get_batch, load_dataset
+from dataset import Prefetcher, count_tokens, get_batch, load_dataset, read_batch
 from train import estimate_loss, get_lr
 
 
@@ -88,6 +90,53 @@ def test_get_batch_windows_stay_inside_one_shard_and_cover_all_shards(tmp_path):
     # windows are uniform over window starts: 34, 284 and 4 of them
     share = (x[:, 0] // 10_000 == 1).float().mean().item()
     assert 0.8 < share < 0.97
+
+
+def test_prefetcher_gives_the_batches_of_its_keys_in_order_whatever_its_depth(tmp_path):
+    shards = [(write_tokens(tmp_path / "train.bin", 100_000), 100_000)]
+    keys = [(0, 0, it, m) for it in range(5) for m in range(3)]
+    expected = [get_batch(shards, np.uint16, 4, 16, key, "cpu") for key in keys]
+    for depth in (0, 1, 4, 20):
+        batches = Prefetcher(lambda key: read_batch(shards, np.uint16, 4, 16, key), keys, depth, "cpu")
+        got = list(batches)
+        batches.close()
+        assert len(got) == len(keys), depth
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, expected)), depth
+
+
+def test_prefetcher_reads_depth_batches_ahead_and_no_more():
+    asked, lock = [], threading.Lock()
+
+    def read(key):
+        with lock:
+            asked.append(key)
+        return torch.full((2,), key), torch.full((2,), key + 1)
+
+    def wait_for(n):
+        deadline = time.monotonic() + 10
+        while len(asked) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # room for a read too many
+        return sorted(asked)
+
+    batches = Prefetcher(read, range(100), 3, "cpu")
+    assert wait_for(3) == [0, 1, 2]  # before anything is asked for
+    assert next(batches)[0].tolist() == [0, 0]
+    assert wait_for(4) == [0, 1, 2, 3]
+    batches.close()
+
+
+def test_a_failed_read_ahead_is_raised_when_its_batch_is_due(tmp_path):
+    def read(key):
+        if key == 2:
+            raise OSError(f"token file gone at batch {key}")
+        return torch.full((2,), key), torch.full((2,), key + 1)
+
+    batches = Prefetcher(read, range(10), 4, "cpu")
+    assert [next(batches)[0].tolist() for _ in range(2)] == [[0, 0], [1, 1]]
+    with pytest.raises(OSError, match="gone at batch 2"):
+        next(batches)
+    batches.close()
 
 
 def write_dataset(folder, train_counts, val_count, dtype="uint16", vocab_size=1000, max_id=None):
