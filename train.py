@@ -13,6 +13,7 @@ The defaults below train GPT-2 124M on OpenWebText; `python train.py --help` lis
 """
 import datetime
 import gc
+import itertools
 import math
 import os
 import signal
@@ -33,7 +34,8 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
                     excepthook, launcher_ranks, local_processes, on_rank0, peak_flops, raise_held, resolve_dtype,
                     setup_distributed)
-from dataset import data_change, eval_key, get_batch, load_dataset, model_vocab_size, seed_from, token_files
+from dataset import (Prefetcher, data_change, eval_key, get_batch, load_dataset, model_vocab_size, read_batch, seed_from,
+                     token_files)
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
 from memory import check_fits, describe, free_bytes, largest_batch, plan
@@ -72,6 +74,7 @@ dataset = "openwebtext"  # a folder under data/, or a path, holding meta.json an
 gradient_accumulation_steps = 5 * 8  # micro-steps per optimizer step, summed over all processes [gradient_accumulation_steps > 0]
 batch_size = 12  # sequences per micro-step per process; 'auto': the largest power of two up to 1024 that the memory plan fits in 85% of the free memory (for GPUs; on a CPU, this process's share of the host's RAM), agreed by all processes; a resumed run keeps its checkpoint's [batch_size == 'auto' or batch_size > 0]
 block_size = 1024  # context length in tokens [block_size > 0]
+prefetch_batches = 4  # micro-batches read ahead, by as many background threads, while the device works (a window of a token file not in the page cache takes milliseconds to read); 0: each is read in the loop when it is due [prefetch_batches >= 0]
 # ---- model
 n_layer = 12  # transformer blocks [n_layer > 0]
 n_head = 12  # attention heads per block [n_head > 0]
@@ -335,10 +338,12 @@ if __name__ == "__main__":
         hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])
         check_encodable(*hellaswag)
 
-    def train_batch(it, micro_step):
-        """This process's micro-batch `micro_step` of step `it`: part (seed, it, global micro-step) of the global batch."""
+    def read_train_batch(step_and_micro_step: tuple[int, int]):
+        """This process's micro-batch of a step, in host memory: part (seed, step, global micro-step) of the step's
+        global batch."""
+        it, micro_step = step_and_micro_step
         key = (seed, 0, it, rank * accum_steps + micro_step)
-        return get_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, key, device)
+        return read_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, key, pin=device_type == "cuda")
 
     def eval_batch(split, k):
         return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, eval_key(split, k), device)
@@ -509,7 +514,9 @@ if __name__ == "__main__":
     skipped_steps, in_a_row, worst_in_a_row = (torch.zeros((), device=device) for _ in range(3))
     skipped_reported, last_losses, last_eval_iter = 0, None, None
     t_start, train_time, start_iter = time.monotonic(), 0.0, iter_num
-    X, Y = train_batch(iter_num, 0)
+    train_batches = Prefetcher(read_train_batch, ((it, m) for it in itertools.count(iter_num) for m in range(accum_steps)),
+                               prefetch_batches, device)
+    X, Y = next(train_batches)
     t_log, iters_since_log = time.monotonic(), 0
     while True:
         lr = (get_lr(iter_num, learning_rate, warmup_iters, lr_decay_iters, min_lr, lr_schedule, cooldown_frac)
@@ -549,8 +556,7 @@ if __name__ == "__main__":
             with ctx, (nullcontext() if sync or fsdp else model.no_sync()):
                 _, loss = model(X, Y)
                 loss = loss / accum_steps  # the gradient of the mean over micro-steps
-            next_step, next_micro = (iter_num, micro_step + 1) if micro_step + 1 < accum_steps else (iter_num + 1, 0)
-            X, Y = train_batch(next_step, next_micro)  # fetched while the device works on this micro-step
+            X, Y = next(train_batches)  # the next micro-step's, copied while the device works on this one
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)
@@ -596,6 +602,8 @@ if __name__ == "__main__":
                 save(evaluated=False, improved=False)
                 report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume", always=True)
                 break
+
+    train_batches.close()
 
     # ---- summary
     steps_done = iter_num - start_iter

@@ -56,6 +56,19 @@ def test_resume_continues_with_the_same_losses_as_an_unbroken_run(char_data, tmp
     assert [got[i] for i in range(21, 41)] == [expected[i] for i in range(21, 41)]
 
 
+def test_batches_read_ahead_train_exactly_as_batches_read_in_the_loop(char_data, tmp_path):
+    losses, weights = {}, {}
+    for depth in (0, 3):
+        out = str(tmp_path / f"prefetch_{depth}")
+        result = run_script("train.py", *tiny_args(char_data, out, max_iters=12, eval_interval=12, prefetch_batches=depth),
+                            cwd=str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        losses[depth] = step_losses(read_metrics(out))
+        weights[depth] = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)["model"]
+    assert sorted(losses[3]) == list(range(1, 13)) and losses[3] == losses[0]
+    assert all(torch.equal(weights[3][k], weights[0][k]) for k in weights[0])
+
+
 LLAMA = dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1, qk_norm=True, tie_embeddings=False, bias=False)
 
 
