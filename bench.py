@@ -5,6 +5,7 @@ common.PEAK_FLOPS):
 
     python bench.py                                   # GPT-2 124M, batch 12 x 1024, random tokens (on a GPU)
     python bench.py --real_data=True --dataset=openwebtext
+    python bench.py --real_data=True --cold_data=True --compare="--prefetch_batches=0"  # reads from the disk, ahead or not
     python bench.py config/train_shakespeare_char.py  # a training config's model and batch (its other keys ignored)
     python bench.py --device=cpu                      # a small model (CPU_MODEL) that times in seconds
     python bench.py --profile=True                    # writes a torch profiler trace to bench_trace/ instead
@@ -26,6 +27,7 @@ The data pipeline, on CPU:
     python bench.py --mode=prepare --corpus_mb=300    # data/prepare.py against a one-process encode loop
 """
 import glob
+import itertools
 import os
 import random
 import shlex
@@ -51,6 +53,8 @@ block_size = 1024  # tokens per sequence [block_size > 0]
 gradient_accumulation_steps = 1  # micro-steps per optimizer step, as in train.py (one process here) [gradient_accumulation_steps > 0]
 real_data = False  # sample batches from the dataset's train split instead of random tokens
 dataset = "openwebtext"  # a folder under data/ or a path: real_data reads it, and vocab_size=0 takes its vocabulary
+prefetch_batches = 4  # with real_data, as in train.py: micro-batches read ahead by background threads; 0: each read when due [prefetch_batches >= 0]
+cold_data = False  # with real_data: evict the dataset's token files from the page cache (Linux) before each timed round, so reads go to the disk, as they do for a dataset larger than RAM
 # ---- model
 n_layer = 12  # transformer blocks [n_layer > 0]
 n_head = 12  # attention heads per block [n_head > 0]
@@ -132,7 +136,8 @@ def get_batch_rows(path: str, dtype, batch_size: int, block_size: int, generator
 
 
 def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: int = 200):
-    """Microseconds per batch of dataset.get_batch and of the row-by-row loop, on uint16 and uint32 files."""
+    """Microseconds per batch of dataset.get_batch and of the row-by-row loop, on uint16 and uint32 files in the
+    page cache; and of get_batch reading from the disk, the file evicted from the cache (Linux)."""
     from dataset import get_batch
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in (np.uint16, np.uint32):
@@ -149,8 +154,15 @@ def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: in
                 for i in range(repeats):
                     fn(i)
                 timings[name] = (time.perf_counter() - t0) / repeats * 1e6
+            cold = ""
+            if hasattr(os, "posix_fadvise"):
+                evict([path])
+                t0 = time.perf_counter()
+                for i in range(repeats):  # new windows: their pages come from the disk
+                    get_batch(shards, dtype, batch_size, block_size, (1, i), "cpu")
+                cold = f"; get_batch from the disk {(time.perf_counter() - t0) / repeats * 1e6:.0f} us"
             print(f"{np.dtype(dtype).name}, batch {batch_size} x {block_size}: get_batch {timings['get_batch']:.0f} us, "
-                  f"row loop {timings['row loop']:.0f} us ({timings['row loop'] / timings['get_batch']:.1f}x)")
+                  f"row loop {timings['row loop']:.0f} us ({timings['row loop'] / timings['get_batch']:.1f}x){cold}")
 
 
 def make_corpus(text_path: str, out_dir: str, n_mb: int):
@@ -284,7 +296,7 @@ def build(cfg: dict) -> dict:
     """A training step of the config cfg, ready to time: {'step': f(i) -> loss, 'model', 'tokens_per_step',
     'device_type'}. The step is train.py's: micro-steps, gradient clipping, the skip verdict, the update."""
     from common import check_compile_mode, compile_problem
-    from dataset import get_batch, load_dataset
+    from dataset import Prefetcher, load_dataset, read_batch
     from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 
     if cfg["compile"]:
@@ -296,17 +308,25 @@ def build(cfg: dict) -> dict:
     device_type, dtype, ctx, model = model_of(cfg)
     vocab = model.config.vocab_size
     B, T = cfg["batch_size"], cfg["block_size"]
+    if cfg["cold_data"] and not cfg["real_data"]:
+        raise UserError("cold_data=True evicts the dataset's files, which only real_data=True reads: set both")
     if cfg["real_data"]:
         data = load_dataset(cfg["dataset"], T)
         if data["max_token_id"] >= vocab:
             raise UserError(f"dataset {cfg['dataset']} has token id {data['max_token_id']}, out of range for "
                             f"vocab_size {vocab}: leave vocab_size at 0 (the dataset's) or raise it")
 
+        # batch i is micro-step i of the run: steps are timed in order from step 0, whatever the rounds
+        batches = Prefetcher(lambda i: read_batch(data["splits"]["train"], data["dtype"], B, T, (cfg["seed"], 0, i),
+                                                  pin=device_type == "cuda"), itertools.count(), cfg["prefetch_batches"], device)
+        cold_files = [path for split in data["splits"].values() for path, _ in split] if cfg["cold_data"] else []
+
         def batch(i):
-            return get_batch(data["splits"]["train"], data["dtype"], B, T, (cfg["seed"], 0, i), device)
+            return next(batches)
     else:
         tokens = torch.randint(vocab, (B, T + 1), generator=torch.Generator().manual_seed(cfg["seed"]))
         x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+        cold_files = []
 
         def batch(i):
             return x, y
@@ -339,7 +359,7 @@ def build(cfg: dict) -> dict:
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
           f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}, fp8 {cfg['fp8']}")
     return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype,
-            "batch_size": B}
+            "batch_size": B, "cold_files": cold_files}
 
 
 def bench_generate(cfg: dict):
@@ -378,8 +398,25 @@ def bench_generate(cfg: dict):
           + alike)
 
 
+def evict(paths: list[str]):
+    """Drop the files' pages from the page cache, so their next reads go to the disk (Linux; pages that some
+    process has mapped stay)."""
+    if paths and not hasattr(os, "posix_fadvise"):
+        raise UserError("cold_data=True evicts files from the page cache with posix_fadvise, which this system lacks "
+                        "(Linux has it): leave cold_data False")
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # pages not yet written back would stay
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def time_steps(run: dict, first: int, n: int) -> tuple[float, torch.Tensor]:
-    """Seconds per step of n steps from step `first`, the device drained before and after; and the last loss."""
+    """Seconds per step of n steps from step `first`, the device drained before and after; and the last loss.
+    With cold_data the dataset's files leave the page cache first."""
+    evict(run["cold_files"])
     synchronize(run["device_type"])
     t0 = time.perf_counter()
     for i in range(first, first + n):
