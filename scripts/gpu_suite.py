@@ -9,7 +9,7 @@ Steps, in order: env; checks (the CUDA tests and the Shakespeare char runs, side
 their results count; meanwhile GPT-2 124M's timed configs are compiled once to fill the compile caches); gpt2
 (batch 12, the memory plan's batch and twice that); fastpaths and options (each speed setting and each model
 option against GPT-2 124M, from one bench.py --compare each); nanogpt (with --nanogpt: nanoGPT's train.py beside
-ours); autotune. A step that would not end inside the budget is not started, and one still running at its end is
+ours); prefetch (batches read ahead against read in the loop, from the disk); autotune. A step that would not end inside the budget is not started, and one still running at its end is
 stopped: the suite names both in the --only that runs them next.
 
 Each row goes to <out>/table.md as it is made, and every step's output into <out>/logs.tar.gz, so a call that
@@ -30,11 +30,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from report import read_summary  # noqa: E402  (the repository's own modules, from its root)
 from compare_nanogpt import nanogpt_ms, ours_ms  # noqa: E402  (a sibling script: the owner of both trainers' step times)
-STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "nanogpt", "autotune"]
+STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "nanogpt", "prefetch", "autotune"]
 # Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
 # 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
 # the logs of the next run. The budget starts no step that would not end in time.
-GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 170, "options": 200, "nanogpt": 240, "autotune": 300}
+GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 170, "options": 200, "nanogpt": 240, "prefetch": 90,
+               "autotune": 300}
 ON_GPU = False  # set in __main__: whether this machine has CUDA (else the reduced CPU version runs)
 FP8_GPU = False  # and whether it has fp8 matmuls (compute capability 8.9+)
 LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
@@ -125,11 +126,11 @@ def bench_args() -> list[str]:
     return [] if ON_GPU else ["--device=cpu", "--compile=False", "--vocab_size=512", "--warmup_steps=1"]
 
 
-def compare(suite: Suite, name: str, rows: list[tuple[str, str, bool]]):
-    """One bench.py --compare of GPT-2 124M's defaults (A) against each (what, flags, invert) of rows, alternating
-    in one process; a row each. invert: the row's ratio is A over B (B is the setting turned off)."""
+def compare(suite: Suite, name: str, rows: list[tuple[str, str, bool]], base: tuple[str, ...] = ()):
+    """One bench.py --compare of GPT-2 124M's defaults (A; with the flags base) against each (what, flags, invert) of
+    rows, alternating in one process; a row each. invert: the row's ratio is A over B (B is the setting turned off)."""
     steps = ["--num_steps=20", "--rounds=5"] if ON_GPU else ["--num_steps=2", "--rounds=2"]
-    code, output = suite.run(name, [sys.executable, "bench.py", *bench_args(), *steps,
+    code, output = suite.run(name, [sys.executable, "bench.py", *bench_args(), *base, *steps,
                                     "--compare=" + "; ".join(flags for _, flags, _ in rows)], 600)
     figures = {m[1]: m.groups()[1:] for m in CONFIG_LINE.finditer(output)}
     stopped = re.search(r"^stopped by SIGTERM after (\d+) of (\d+) rounds", output, re.M)
@@ -180,11 +181,12 @@ def char_data(suite: Suite, args) -> str | None:
 
 # the Shakespeare char runs: (name, config file, flags); the GPU runs are the recipe (6 layers, batch 64 x 256,
 # bf16, compile), the CPU runs a tiny fp32 model. fast: the defaults plus the chunked loss; plain: a host sync
-# every step, full logits, eager; plain_seed: the same with another seed, for the noise between runs.
+# every step, full logits, eager, batches read in the loop; plain_seed: the same with another seed, for the noise between runs.
 GPU_CHAR = ["--device=cuda", "--dtype=bfloat16", "--compile=True", "--eval_interval=500"]
 CPU_CHAR = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64",
             "--batch_size=8", "--eval_iters=5", "--eval_interval=10"]
-FAST, PLAIN = [f"--loss_chunk={LOSS_CHUNK}"], ["--sync_every_step=True", "--loss_chunk=0", "--compile=False"]
+FAST, PLAIN = [f"--loss_chunk={LOSS_CHUNK}"], ["--sync_every_step=True", "--loss_chunk=0", "--compile=False",
+                                               "--prefetch_batches=0"]
 # config/train_llama_char.py at the GPU recipe's size (its comment gives the same flags), dropout as the recipe's
 LLAMA_GPU = ["--n_layer=6", "--n_head=6", "--n_kv_head=2", "--n_embd=384", "--block_size=256", "--batch_size=64",
              "--dropout=0.2", "--eval_iters=200"]
@@ -259,7 +261,7 @@ def step_checks(suite: Suite, args):
     suite.row(f"fast path vs plain path, Shakespeare char {n} steps", ok,
               f"val loss {fast['final_val_loss']:.4f} fast (loss_chunk={LOSS_CHUNK}, verdicts on the device"
               f"{', compile' if ON_GPU else ''}) vs {plain['final_val_loss']:.4f} plain (a host sync every step, full "
-              f"logits, eager), a difference of {fast['final_val_loss'] - plain['final_val_loss']:+.4f}; the plain path "
+              f"logits, eager, batches read in the loop), a difference of {fast['final_val_loss'] - plain['final_val_loss']:+.4f}; the plain path "
               f"with another seed: {seed['final_val_loss']:.4f} ({seed['final_val_loss'] - plain['final_val_loss']:+.4f})"
               if ok else "see logs/char_fast.log, char_plain.log, char_plain_seed.log")
     if FP8_GPU:
@@ -347,6 +349,24 @@ def step_options(suite: Suite, args):
     compare(suite, "options", OPTIONS)
 
 
+def step_prefetch(suite: Suite, args):
+    """Batches read ahead by background threads against read in the loop, GPT-2 124M reading a token file of 1 GB
+    (on a CPU, 2 MB) from the disk: bench.py --cold_data evicts it from the page cache before each timed round.
+    First bench.py --mode=get_batch, in the same folder, says how long a batch takes from the page cache and from
+    the disk there (the same, where eviction does nothing, as on a tmpfs)."""
+    data = synthetic_tokens(args.work, 500_000_000 if ON_GPU else 1_000_000)
+    job = suite.start("get_batch", [sys.executable, "bench.py", "--mode=get_batch", "--batch_size=12", "--block_size=1024",
+                                    f"--token_file_tokens={100_000_000 if ON_GPU else 1_000_000}"], env={"TMPDIR": args.work})
+    code, output = suite.wait(job, 120)
+    line = re.search(r"^uint16, batch 12 x 1024: (get_batch [\d,]+ us).*?(get_batch from the disk [\d,]+ us)?$", output, re.M)
+    suite.row("get_batch, 12 x 1024 tokens, from the page cache and from the disk", line is not None,
+              f"{line[1]} from the page cache; {line[2] or 'no eviction on this system'}" if line else "see logs/get_batch.log")
+    what = "GPT-2 124M reading its tokens from a 1 GB file" if ON_GPU else "the CPU model reading its tokens from a 2 MB file"
+    compare(suite, "prefetch", [(f"batches read ahead (prefetch_batches=4) vs in the loop, {what} on the disk",
+                                 "--prefetch_batches=0", True)],
+            base=("--real_data=True", f"--dataset={data}", "--cold_data=True", "--vocab_size=0"))
+
+
 def step_autotune(suite: Suite, args):
     """compile's max-autotune (tuned kernels, no CUDA graphs: reduce-overhead's row has those) against the default;
     its own step, since tuning takes minutes and its results are not compiled ahead."""
@@ -383,6 +403,18 @@ def nanogpt_rows(ms: dict, block_size: int, flags: str = "") -> list[tuple[str, 
     return rows
 
 
+def synthetic_tokens(work: str, n_train: int) -> str:
+    """A dataset in nanoGPT's layout (train.bin and val.bin, uint16) of random GPT-2 ids, n_train of them in train.bin;
+    its folder."""
+    import numpy as np
+    data_dir = os.path.join(work, f"synthetic_tokens_{n_train}")
+    os.makedirs(data_dir, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for split, n in (("train", n_train), ("val", 1_000_000)):
+        rng.integers(0, 50257, n, dtype=np.uint16).tofile(os.path.join(data_dir, f"{split}.bin"))
+    return data_dir
+
+
 def step_nanogpt(suite: Suite, args):
     """With --nanogpt: nanoGPT's train.py and ours (its defaults and --ours_flags) on the same synthetic tokens and
     the same tokens per step, at nanoGPT's GPT-2 micro-batch and at a larger one, and ours with fp8 where the GPU has
@@ -391,12 +423,7 @@ def step_nanogpt(suite: Suite, args):
     if not args.nanogpt:
         suite.row("this train.py against nanoGPT's", None, "no --nanogpt=PATH given")
         return
-    import numpy as np
-    data_dir = os.path.join(args.work, "synthetic_tokens")
-    os.makedirs(data_dir, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 50_000_000 if ON_GPU else 1_000_000), ("val", 1_000_000)):
-        rng.integers(0, 50257, n, dtype=np.uint16).tofile(os.path.join(data_dir, f"{split}.bin"))
+    data_dir = synthetic_tokens(args.work, 50_000_000 if ON_GPU else 1_000_000)
     block_size = 1024 if ON_GPU else 64
     common = [f"--dataset={data_dir}", f"--max_iters={args.trainer_iters}", "--eval_interval=100000", "--eval_iters=1",
               "--wandb_log=False", "--always_save_checkpoint=False", f"--block_size={block_size}"]

@@ -336,12 +336,16 @@ def test_the_gpu_suite_runs_its_reduced_version_on_a_cpu(char_data, tmp_path):
                         f"--char_data={char_data}", cwd=str(tmp_path), timeout=600)
     assert result.returncode == 0, result.stderr
     rows = [line for line in open(tmp_path / "out" / "table.md").read().splitlines()[2:]]
-    assert rows.pop() == "| this train.py against nanoGPT's | not run | no --nanogpt=PATH given |"  # autotune: GPU only
-    assert len(rows) >= 16 and all("| ok |" in row for row in rows), rows
-    assert sum("x tokens/s (min" in row for row in rows) == 10  # 2 speed settings and 8 model options, one process each
+    rows.remove("| this train.py against nanoGPT's | not run | no --nanogpt=PATH given |")  # autotune: GPU only
+    assert len(rows) >= 18 and all("| ok |" in row for row in rows), rows
+    # 2 speed settings, 8 model options and reading ahead, one process each
+    assert sum("x tokens/s (min" in row for row in rows) == 11
     assert any(row.startswith("| fast path vs plain path") and "another seed" in row for row in rows)
+    assert any(row.startswith("| get_batch, 12 x 1024 tokens") and "from the page cache" in row for row in rows)
+    assert rows[-1].startswith("| batches read ahead (prefetch_batches=4) vs in the loop")
     with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
-        assert {"logs/tests_0.log", "logs/tests_1.log", "logs/char_fast.log", "logs/llama_char.log", "logs/options.log"} <= set(tar.getnames())
+        assert {"logs/tests_0.log", "logs/tests_1.log", "logs/char_fast.log", "logs/llama_char.log", "logs/options.log",
+                "logs/get_batch.log", "logs/prefetch.log"} <= set(tar.getnames())
 
 
 def test_the_gpu_suite_stops_a_step_at_the_budget_and_names_it_for_the_next_call(char_data, tmp_path):
