@@ -8,6 +8,7 @@ token files; nanoGPT's layout (train.bin and val.bin as uint16, maybe meta.pkl) 
 """
 import glob
 import json
+import mmap
 import os
 import pickle
 from collections import deque
@@ -181,10 +182,24 @@ def max_token_id(paths: list[str], dtype, chunk: int = 1 << 26) -> int:
     return largest
 
 
+def ram_bytes() -> int | None:
+    """This machine's physical memory, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def larger_than_cache(n_bytes: int, ram: int | None) -> bool:
+    """Whether token files of n_bytes are too big to stay in the page cache of a machine with ram bytes: more than
+    half of it. Such files are read with random_access (see token_map)."""
+    return ram is not None and n_bytes > ram // 2
+
+
 def load_dataset(dataset: str, block_size: int) -> dict:
     """A dataset's token files, checked: {'dir', 'dtype', 'vocab_size' (None if unknown), 'max_token_id',
     'vocabulary' ({'tokenizer', 'chars'}, None where unknown), 'splits': {'train': [(path, n_tokens), ...],
-    'val': [...]}}. meta.json (written by data/prepare.py)
+    'val': [...]}, 'random_access': whether to read them so (see larger_than_cache)}. meta.json (written by data/prepare.py)
     gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and val.bin as
     uint16, with the vocabulary from meta.pkl if there is one."""
     data_dir = find_dataset(dataset)
@@ -212,9 +227,10 @@ def load_dataset(dataset: str, block_size: int) -> dict:
         splits[split] = list(zip(paths, counts))
     if max_id is None:
         max_id = max_token_id(files["train"] + files["val"], dtype)
+    n_bytes = sum(n for split in splits.values() for _, n in split) * dtype.itemsize
     return {"dir": data_dir, "dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id,
-            "vocabulary": vocabulary_of(meta, pkl),
-            "splits": splits}
+            "vocabulary": vocabulary_of(meta, pkl), "splits": splits,
+            "random_access": larger_than_cache(n_bytes, ram_bytes())}
 
 
 EVAL_STREAM = 2**32  # first element of evaluation batch keys; training keys start with the (smaller) seed
@@ -231,10 +247,22 @@ def seed_from(key: tuple[int, ...]) -> int:
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
 
 
+def token_map(path: str, dtype, random_access: bool = False) -> np.ndarray:
+    """A token file as a read-only array, mapped afresh (a long-lived map grows in RAM). Each page fault on it
+    makes Linux read ahead around the page, up to the device's read_ahead_kb (8 MB on some disks): a file that
+    fits in the page cache is soon read whole that way, but in a dataset larger than RAM every window would read
+    megabytes to use kilobytes. random_access turns that off for this map (madvise MADV_RANDOM, where there is one)."""
+    with open(path, "rb") as f:
+        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays mapped while the array holds it
+    if random_access and hasattr(mmap, "MADV_RANDOM"):
+        view.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(view, dtype=dtype)
+
+
 def read_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
-               pin: bool = False) -> tuple:
-    """batch_size random windows of a split, in host memory (pinned if pin): inputs x and targets y = x shifted by
-    one, both (B, T) int64. shards lists the split's token files as (path, n_tokens); a window lies within one
+               pin: bool = False, random_access: bool = False) -> tuple:
+    """batch_size random windows of a split, in host memory (pinned if pin; random_access: see token_map): inputs
+    x and targets y = x shifted by one, both (B, T) int64. shards lists the split's token files as (path, n_tokens); a window lies within one
     file, and every possible window is equally likely. The offsets come from a generator seeded by `key` alone,
     e.g. (seed, 0, iter, micro_step), so a batch does not depend on how many processes share the work, on what
     ran before it, or on which thread reads it."""
@@ -247,7 +275,7 @@ def read_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size
     offsets = ix - (ends[file_of] - starts[file_of])
     rows = np.empty((batch_size, block_size + 1), dtype=np.int64)
     for f in np.unique(file_of):  # one gather per file, none per row
-        data = np.memmap(shards[f][0], dtype=dtype, mode="r")  # a fresh memmap each call: a long-lived one grows in RAM
+        data = token_map(shards[f][0], dtype, random_access)
         hit = file_of == f
         rows[hit] = data[offsets[hit, None] + np.arange(block_size + 1)]
     rows = torch.from_numpy(rows)
@@ -261,29 +289,28 @@ def to_device(batch: tuple, device: str) -> tuple:
 
 
 def get_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
-              device: str) -> tuple:
+              device: str, random_access: bool = False) -> tuple:
     """read_batch's batch, read now in this thread, on the device."""
     import torch
     pin = torch.device(device).type == "cuda"
-    return to_device(read_batch(shards, dtype, batch_size, block_size, key, pin), device)
+    return to_device(read_batch(shards, dtype, batch_size, block_size, key, pin, random_access), device)
 
 
 class Prefetcher:
     """An iterator over read(key) for each key of keys in turn, up to `depth` read ahead by as many background
-    threads, so that reading, page faults on a cold token file included (milliseconds per window), happens while
-    the device and the main thread work, and several reads wait on the disk at once. Each item is the next batch
-    on the device, in the order of keys; an error of a read is raised there. depth 0 reads each batch when it is
-    asked for, in the caller's thread. read gives host tensors, pinned for a GPU (see read_batch)."""
+    threads, so that reading, page faults on a token file not in the page cache included, happens while the
+    device and the main thread work. Each item is the next batch on the device, in the order of keys; an error
+    of a read is raised there. depth 0 reads each batch when it is asked for, in the caller's thread. read gives
+    host tensors, pinned for a GPU (see read_batch)."""
 
     def __init__(self, read, keys, depth: int, device: str):
         import torch
         self.read, self.keys, self.device, self.pending, self.pool = read, iter(keys), device, deque(), None
         if depth > 0:
-            index = torch.device(device).index if torch.device(device).type == "cuda" else None
-            # pinning makes a CUDA context on the thread's current device, which is GPU 0 unless set
-            self.pool = ThreadPoolExecutor(depth, thread_name_prefix="prefetch",
-                                           initializer=None if index is None else torch.cuda.set_device,
-                                           initargs=() if index is None else (index,))
+            # one CPU thread each for their copies (a per-thread setting, as in DataLoader's pinning thread): the
+            # cores are the main thread's
+            self.pool = ThreadPoolExecutor(depth, thread_name_prefix="prefetch", initializer=torch.set_num_threads,
+                                           initargs=(1,))
             for _ in range(depth):
                 self.read_ahead()
 

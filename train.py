@@ -320,7 +320,9 @@ if __name__ == "__main__":
     data = load_dataset(dataset, block_size)
     report.print(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
                  f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
-                 f"vocab_size {data['vocab_size'] or 'unknown'}")
+                 f"vocab_size {data['vocab_size'] or 'unknown'}" + ("; more than half this machine's RAM, so its windows "
+                                                                    "are read without the kernel's read-ahead"
+                                                                    if data["random_access"] else ""))
     if checkpoint is not None:
         check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
         change = data_change(checkpoint.get("data_files"), token_files(data))
@@ -343,10 +345,12 @@ if __name__ == "__main__":
         global batch."""
         it, micro_step = step_and_micro_step
         key = (seed, 0, it, rank * accum_steps + micro_step)
-        return read_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, key, pin=device_type == "cuda")
+        return read_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, key, device_type == "cuda",
+                          data["random_access"])
 
     def eval_batch(split, k):
-        return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, eval_key(split, k), device)
+        return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, eval_key(split, k), device,
+                         data["random_access"])
 
     # ---- model init
     iter_num, tokens_seen, best_val_loss, best_iter = 0, 0, float("inf"), None

@@ -11,7 +11,7 @@ import torch
 
 from model import GPT, GPTConfig
 from common import UserError
-from dataset import Prefetcher, count_tokens, get_batch, load_dataset, read_batch
+from dataset import Prefetcher, count_tokens, get_batch, larger_than_cache, load_dataset, read_batch
 from train import estimate_loss, get_lr
 
 
@@ -90,6 +90,37 @@ def test_get_batch_windows_stay_inside_one_shard_and_cover_all_shards(tmp_path):
     # windows are uniform over window starts: 34, 284 and 4 of them
     share = (x[:, 0] // 10_000 == 1).float().mean().item()
     assert 0.8 < share < 0.97
+
+
+def storage_reads() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
+def test_random_access_reads_the_same_windows_with_far_fewer_bytes_from_storage(tmp_path):
+    n = 32_000_000  # 64 MB
+    path = write_tokens(tmp_path / "train.bin", n)
+    shards = [(path, n)]
+    read = {}
+    for random_access in (False, True):
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache: the next reads go to storage
+        os.close(fd)
+        before = storage_reads()
+        batches = [read_batch(shards, np.uint16, 12, 1024, (0, i), random_access=random_access) for i in range(5)]
+        read[random_access] = storage_reads() - before
+        assert all(((y - x) % 65536 == 1).all() for x, y in batches)  # the file counts up, wrapping at 2**16
+    if read[False] == 0:
+        pytest.skip("nothing was read from storage here (a tmpfs?): eviction cannot be seen")
+    assert read[True] < read[False] / 4, read  # 12 windows of 2 KB are 5 or 6 pages each, whatever the read-ahead
+
+
+def test_only_datasets_larger_than_half_the_ram_are_read_without_read_ahead(tmp_path):
+    assert not larger_than_cache(8 << 30, 16 << 30) and larger_than_cache((8 << 30) + 1, 16 << 30)
+    assert not larger_than_cache(1 << 40, None)  # unknown RAM: the kernel's default
+    write_dataset(tmp_path / "data", [5000], 1000)
+    assert load_dataset(str(tmp_path / "data"), 32)["random_access"] is False
 
 
 def test_prefetcher_gives_the_batches_of_its_keys_in_order_whatever_its_depth(tmp_path):
