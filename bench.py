@@ -137,7 +137,8 @@ def get_batch_rows(path: str, dtype, batch_size: int, block_size: int, generator
 
 def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: int = 200):
     """Microseconds per batch of dataset.get_batch and of the row-by-row loop, on uint16 and uint32 files in the
-    page cache; and of get_batch reading from the disk, the file evicted from the cache (Linux)."""
+    page cache; and of get_batch reading from the disk, the file evicted from the cache (Linux), with the kernel's
+    read-ahead and without it (random_access), with the bytes read from storage per batch."""
     from dataset import get_batch
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in (np.uint16, np.uint32):
@@ -154,15 +155,21 @@ def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: in
                 for i in range(repeats):
                     fn(i)
                 timings[name] = (time.perf_counter() - t0) / repeats * 1e6
-            cold = ""
-            if hasattr(os, "posix_fadvise"):
-                evict([path])
-                t0 = time.perf_counter()
-                for i in range(repeats):  # new windows: their pages come from the disk
-                    get_batch(shards, dtype, batch_size, block_size, (1, i), "cpu")
-                cold = f"; get_batch from the disk {(time.perf_counter() - t0) / repeats * 1e6:.0f} us"
             print(f"{np.dtype(dtype).name}, batch {batch_size} x {block_size}: get_batch {timings['get_batch']:.0f} us, "
-                  f"row loop {timings['row loop']:.0f} us ({timings['row loop'] / timings['get_batch']:.1f}x){cold}")
+                  f"row loop {timings['row loop']:.0f} us ({timings['row loop'] / timings['get_batch']:.1f}x)")
+            if not hasattr(os, "posix_fadvise"):
+                continue
+            cold = {}
+            for random_access in (False, True):
+                evict([path])
+                read_before, t0 = disk_reads(), time.perf_counter()
+                for i in range(repeats):  # new windows: their pages come from the disk
+                    get_batch(shards, dtype, batch_size, block_size, (1 + random_access, i), "cpu", random_access)
+                seconds, read = time.perf_counter() - t0, disk_reads()
+                cold[random_access] = (f"{seconds / repeats * 1e6:.0f} us" + ("" if read is None else
+                                       f" ({(read - read_before) / repeats / 2**20:.2f} MiB read per batch)"))
+            print(f"{np.dtype(dtype).name}, batch {batch_size} x {block_size}, from the disk: get_batch {cold[False]} "
+                  f"with the kernel's read-ahead, {cold[True]} with random_access")
 
 
 def make_corpus(text_path: str, out_dir: str, n_mb: int):
@@ -310,6 +317,9 @@ def build(cfg: dict) -> dict:
     B, T = cfg["batch_size"], cfg["block_size"]
     if cfg["cold_data"] and not cfg["real_data"]:
         raise UserError("cold_data=True evicts the dataset's files, which only real_data=True reads: set both")
+    if cfg["cold_data"] and not hasattr(os, "posix_fadvise"):
+        raise UserError("cold_data=True evicts files from the page cache with posix_fadvise, which this system lacks "
+                        "(Linux has it): leave cold_data False")
     if cfg["real_data"]:
         data = load_dataset(cfg["dataset"], T)
         if data["max_token_id"] >= vocab:
@@ -318,7 +328,8 @@ def build(cfg: dict) -> dict:
 
         # batch i is micro-step i of the run: steps are timed in order from step 0, whatever the rounds
         batches = Prefetcher(lambda i: read_batch(data["splits"]["train"], data["dtype"], B, T, (cfg["seed"], 0, i),
-                                                  pin=device_type == "cuda"), itertools.count(), cfg["prefetch_batches"], device)
+                                                  device_type == "cuda", data["random_access"]),
+                             itertools.count(), cfg["prefetch_batches"], device)
         cold_files = [path for split in data["splits"].values() for path, _ in split] if cfg["cold_data"] else []
 
         def batch(i):
@@ -401,9 +412,6 @@ def bench_generate(cfg: dict):
 def evict(paths: list[str]):
     """Drop the files' pages from the page cache, so their next reads go to the disk (Linux; pages that some
     process has mapped stay)."""
-    if paths and not hasattr(os, "posix_fadvise"):
-        raise UserError("cold_data=True evicts files from the page cache with posix_fadvise, which this system lacks "
-                        "(Linux has it): leave cold_data False")
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -411,6 +419,15 @@ def evict(paths: list[str]):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def disk_reads() -> int | None:
+    """Bytes this process has had read from storage (Linux's /proc/self/io), or None where it is not told."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def time_steps(run: dict, first: int, n: int) -> tuple[float, torch.Tensor]:
