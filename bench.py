@@ -54,7 +54,7 @@ gradient_accumulation_steps = 1  # micro-steps per optimizer step, as in train.p
 real_data = False  # sample batches from the dataset's train split instead of random tokens
 dataset = "openwebtext"  # a folder under data/ or a path: real_data reads it, and vocab_size=0 takes its vocabulary
 prefetch_batches = 4  # with real_data, as in train.py: micro-batches read ahead by background threads; 0: each read when due [prefetch_batches >= 0]
-cold_data = False  # with real_data: evict the dataset's token files from the page cache (Linux) before each timed round, so reads go to the disk, as they do for a dataset larger than RAM
+cold_data = False  # with real_data: evict the dataset's token files from the page cache (Linux) before each timed round, so reads go to the disk, as they do for a dataset not read yet or larger than RAM
 # ---- model
 n_layer = 12  # transformer blocks [n_layer > 0]
 n_head = 12  # attention heads per block [n_head > 0]
