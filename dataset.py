@@ -176,7 +176,7 @@ def max_token_id(paths: list[str], dtype, chunk: int = 1 << 26) -> int:
     """The largest token id in the files, read in chunks (for datasets without meta.json to say it)."""
     largest = 0
     for path in paths:
-        data = np.memmap(path, dtype=dtype, mode="r")
+        data = token_map(path, dtype)  # read in order: the kernel's read-ahead serves it
         for i in range(0, len(data), chunk):
             largest = max(largest, int(data[i:i + chunk].max()))
     return largest
