@@ -199,9 +199,9 @@ def larger_than_cache(n_bytes: int, ram: int | None) -> bool:
 def load_dataset(dataset: str, block_size: int) -> dict:
     """A dataset's token files, checked: {'dir', 'dtype', 'vocab_size' (None if unknown), 'max_token_id',
     'vocabulary' ({'tokenizer', 'chars'}, None where unknown), 'splits': {'train': [(path, n_tokens), ...],
-    'val': [...]}, 'random_access': whether to read them so (see larger_than_cache)}. meta.json (written by data/prepare.py)
-    gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and val.bin as
-    uint16, with the vocabulary from meta.pkl if there is one."""
+    'val': [...]}, 'random_access': whether to read them so (see larger_than_cache)}. meta.json (written by
+    data/prepare.py) gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and
+    val.bin as uint16, with the vocabulary from meta.pkl if there is one."""
     data_dir = find_dataset(dataset)
     meta, pkl = read_meta(data_dir), None
     if meta is not None:
@@ -262,10 +262,10 @@ def token_map(path: str, dtype, random_access: bool = False) -> np.ndarray:
 def read_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
                pin: bool = False, random_access: bool = False) -> tuple:
     """batch_size random windows of a split, in host memory (pinned if pin; random_access: see token_map): inputs
-    x and targets y = x shifted by one, both (B, T) int64. shards lists the split's token files as (path, n_tokens); a window lies within one
-    file, and every possible window is equally likely. The offsets come from a generator seeded by `key` alone,
-    e.g. (seed, 0, iter, micro_step), so a batch does not depend on how many processes share the work, on what
-    ran before it, or on which thread reads it."""
+    x and targets y = x shifted by one, both (B, T) int64. shards lists the split's token files as (path,
+    n_tokens); a window lies within one file, and every possible window is equally likely. The offsets come from
+    a generator seeded by `key` alone, e.g. (seed, 0, iter, micro_step), so a batch does not depend on how many
+    processes share the work, on what ran before it, or on which thread reads it."""
     import torch  # here only: the prepare scripts and their worker processes use this module without torch
     starts = np.array([max(0, n - block_size) for _, n in shards])  # window starts per file
     ends = np.cumsum(starts)

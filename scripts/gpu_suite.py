@@ -9,8 +9,9 @@ Steps, in order: env; checks (the CUDA tests and the Shakespeare char runs, side
 their results count; meanwhile GPT-2 124M's timed configs are compiled once to fill the compile caches); gpt2
 (batch 12, the memory plan's batch and twice that); fastpaths and options (each speed setting and each model
 option against GPT-2 124M, from one bench.py --compare each); nanogpt (with --nanogpt: nanoGPT's train.py beside
-ours); prefetch (batches read ahead against read in the loop, from the disk); autotune. A step that would not end inside the budget is not started, and one still running at its end is
-stopped: the suite names both in the --only that runs them next.
+ours); prefetch (batches read ahead against read in the loop, from the disk); autotune. A step that would not end
+inside the budget is not started, and one still running at its end is stopped: the suite names both in the --only
+that runs them next.
 
 Each row goes to <out>/table.md as it is made, and every step's output into <out>/logs.tar.gz, so a call that
 is cut off still brings back what it did. Runs and data go to a scratch folder, --work. Without a GPU the same
@@ -181,7 +182,8 @@ def char_data(suite: Suite, args) -> str | None:
 
 # the Shakespeare char runs: (name, config file, flags); the GPU runs are the recipe (6 layers, batch 64 x 256,
 # bf16, compile), the CPU runs a tiny fp32 model. fast: the defaults plus the chunked loss; plain: a host sync
-# every step, full logits, eager, batches read in the loop; plain_seed: the same with another seed, for the noise between runs.
+# every step, full logits, eager, batches read in the loop; plain_seed: the same with another seed, for the noise
+# between runs.
 GPU_CHAR = ["--device=cuda", "--dtype=bfloat16", "--compile=True", "--eval_interval=500"]
 CPU_CHAR = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64",
             "--batch_size=8", "--eval_iters=5", "--eval_interval=10"]
@@ -261,7 +263,8 @@ def step_checks(suite: Suite, args):
     suite.row(f"fast path vs plain path, Shakespeare char {n} steps", ok,
               f"val loss {fast['final_val_loss']:.4f} fast (loss_chunk={LOSS_CHUNK}, verdicts on the device"
               f"{', compile' if ON_GPU else ''}) vs {plain['final_val_loss']:.4f} plain (a host sync every step, full "
-              f"logits, eager, batches read in the loop), a difference of {fast['final_val_loss'] - plain['final_val_loss']:+.4f}; the plain path "
+              f"logits, eager, batches read in the loop), a difference of "
+              f"{fast['final_val_loss'] - plain['final_val_loss']:+.4f}; the plain path "
               f"with another seed: {seed['final_val_loss']:.4f} ({seed['final_val_loss'] - plain['final_val_loss']:+.4f})"
               if ok else "see logs/char_fast.log, char_plain.log, char_plain_seed.log")
     if FP8_GPU:
@@ -356,15 +359,17 @@ def step_prefetch(suite: Suite, args):
     the disk there, and how many bytes the latter read from storage (none where eviction does nothing, as on a
     tmpfs)."""
     data = synthetic_tokens(args.work, 500_000_000 if ON_GPU else 1_000_000)
-    job = suite.start("get_batch", [sys.executable, "bench.py", "--mode=get_batch", "--batch_size=12", "--block_size=1024",
-                                    f"--token_file_tokens={100_000_000 if ON_GPU else 1_000_000}"], env={"TMPDIR": args.work})
+    job = suite.start("get_batch", [sys.executable, "bench.py", "--mode=get_batch", "--batch_size=12",
+                                    "--block_size=1024", f"--token_file_tokens={100_000_000 if ON_GPU else 1_000_000}"],
+                      env={"TMPDIR": args.work})
     code, output = suite.wait(job, 120)
     cached = re.search(r"^uint16, batch 12 x 1024: get_batch (\d+ us)", output, re.M)
     disk = re.search(r"^uint16, batch 12 x 1024, from the disk: get_batch (.*)$", output, re.M)
     suite.row("get_batch, 12 x 1024 tokens, from the page cache and from the disk", cached is not None,
               f"{cached[1]} from the page cache; from the disk {disk[1] if disk else '(no eviction on this system)'}"
               if cached else "see logs/get_batch.log")
-    what = "GPT-2 124M reading its tokens from a 1 GB file" if ON_GPU else "the CPU model reading its tokens from a 2 MB file"
+    what = ("GPT-2 124M reading its tokens from a 1 GB file" if ON_GPU
+            else "the CPU model reading its tokens from a 2 MB file")
     compare(suite, "prefetch", [(f"batches read ahead (prefetch_batches=4) vs in the loop, {what} evicted from the page "
                                  "cache before each round",
                                  "--prefetch_batches=0", True)],
