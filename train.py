@@ -29,8 +29,8 @@ import torch.distributed as dist
 import configurator
 from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_same_checkpoint,
                         check_same_shape, check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained,
-                        publish_checkpoint, restore_training_state, save_checkpoint, take_optimizer_state,
-                        training_state)
+                        publish_checkpoint, repair_published, restore_training_state, save_checkpoint,
+                        take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
                     excepthook, launcher_ranks, local_processes, on_rank0, peak_flops, raise_held, resolve_dtype,
                     setup_distributed)
@@ -288,6 +288,10 @@ if __name__ == "__main__":
         check_same_checkpoint(checkpoint, ckpt_path, world_size)
     fsdp = ddp and parallelism == "fsdp"
     report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
+    if checkpoint is not None and not (eval_only or dry_run):  # those two leave the run's files as they are
+        for name in on_rank0(lambda: repair_published(out_dir, checkpoint), rank, world_size) or []:
+            report.print(f"{name} was missing or older than ckpt.pt (the run was stopped between writing the two): "
+                         f"written now from ckpt.pt, iter {checkpoint['iter_num']}", always=True)
     if checkpoint is not None and checkpoint["evaluated"] and checkpoint["iter_num"] >= max_iters and not eval_only:
         report.print(f"the run in {out_dir} is finished: its checkpoint is at iter {checkpoint['iter_num']} and "
                      f"max_iters is {max_iters}; nothing to do (raise --max_iters to train it further, or evaluate it "

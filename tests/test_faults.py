@@ -346,6 +346,25 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(char_data, tmp_path
     assert val[-1] > val[0] and "best.pt" not in before  # the last eval did not improve
 
 
+def test_a_kill_between_ckpt_and_best_is_repaired_when_the_run_resumes(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    args = args_for(char_data, out, max_iters=8, dropout=0.0, keep_last_n=2)
+    assert run_script("train.py", *args, cwd=str(tmp_path)).returncode == 0
+
+    def load(name):
+        return torch.load(os.path.join(out, name), map_location="cpu", weights_only=True)
+    assert load("ckpt.pt")["best_iter"] == 8  # the last eval improved: ckpt.pt, best.pt and ckpt_0000008.pt alike
+    os.remove(os.path.join(out, "best.pt"))  # what a kill right after ckpt.pt's rename leaves: best.pt of iter 4
+    shutil.copyfile(os.path.join(out, "ckpt_0000004.pt"), os.path.join(out, "best.pt"))
+    os.remove(os.path.join(out, "ckpt_0000008.pt"))
+    ckpt_digest = digests(out)["ckpt.pt"]
+    result = run_script("train.py", *args, "--init_from=resume", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "best.pt was missing or older than ckpt.pt" in result.stdout and "is finished" in result.stdout
+    assert load("best.pt")["iter_num"] == load("ckpt_0000008.pt")["iter_num"] == 8
+    assert digests(out)["ckpt.pt"] == ckpt_digest
+
+
 def test_sigterm_is_acted_on_at_the_next_step_not_the_next_log_line(char_data, tmp_path):
     out = str(tmp_path / "out")
     proc = start(char_data, out, str(tmp_path), max_iters=100_000, log_interval=5000, eval_interval=4)

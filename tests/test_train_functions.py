@@ -401,3 +401,34 @@ def test_a_filesystem_without_locks_runs_with_a_warning_but_a_held_lock_is_refus
     FolderLock(str(tmp_path / "elsewhere")).claim("a run")
     assert (tmp_path / "elsewhere" / "run.lock").read_text() == "a run\n"
     assert "on a filesystem without file locks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hard_links", [True, False], ids=["linked", "copied"])
+def test_best_and_kept_checkpoints_missed_by_a_kill_are_written_at_resume(tmp_path, monkeypatch, hard_links):
+    from checkpoint import repair_published
+    if not hard_links:  # a filesystem without them: publish_checkpoint copies
+        def link(src, dst):
+            raise OSError(errno.EPERM, "Operation not permitted")
+        monkeypatch.setattr(os, "link", link)
+
+    def state(it, best_iter, evaluated=True):
+        return {"iter_num": it, "best_iter": best_iter, "evaluated": evaluated, "config": {"keep_last_n": 2},
+                "model": {"w": torch.full((3,), float(it))}}
+
+    def save(checkpoint, name):  # as save_checkpoint does: a new file renamed into place, so links keep the old
+        torch.save(checkpoint, tmp_path / "new.tmp")
+        os.replace(tmp_path / "new.tmp", tmp_path / name)
+    save(state(4, 4), "ckpt_0000004.pt")
+    save(state(4, 4), "best.pt")
+    ckpt = state(8, 8)
+    save(ckpt, "ckpt.pt")  # killed here: before best.pt and ckpt_0000008.pt
+    assert repair_published(str(tmp_path), ckpt) == ["best.pt", "ckpt_0000008.pt"]
+    for name in ("best.pt", "ckpt_0000008.pt"):
+        assert torch.load(tmp_path / name, weights_only=True)["iter_num"] == 8
+    assert repair_published(str(tmp_path), ckpt) == []  # all in place now: nothing is written again
+    os.remove(tmp_path / "ckpt_0000008.pt")  # killed after best.pt, before the kept step
+    assert repair_published(str(tmp_path), ckpt) == ["ckpt_0000008.pt"]
+    later = state(12, 8, evaluated=False)  # a signal's save: best.pt stays the best eval's
+    save(later, "ckpt.pt")
+    assert repair_published(str(tmp_path), later) == []
+    assert torch.load(tmp_path / "best.pt", weights_only=True)["iter_num"] == 8
