@@ -128,6 +128,20 @@ def setup_distributed(ranks: tuple[int, int, int] | None, device: str, backend: 
     return rank, local_rank, world_size, device
 
 
+def leave_distributed(world_size: int):
+    """Leave the process group together (a no-op for one process). A rank tearing down gloo while another still
+    talks to it can abort; and a group still alive when the interpreter exits aborts its process (SIGABRT) now and
+    then, so it is destroyed here: drop any DDP wrapper first (`del model`), as DDP's reducer holds the group."""
+    if world_size == 1:
+        return
+    import gc
+
+    import torch.distributed as dist
+    dist.barrier()
+    gc.collect()  # the dropped wrapper's reducer, if a reference cycle still holds it
+    dist.destroy_process_group()
+
+
 def on_rank0(fn, rank: int, world_size: int):
     """fn() on rank 0 only, and its result there (None on the other ranks). A UserError it raises stops every
     rank with its message: a check only rank 0 can make (of its files, say) must stop them all, or the others

@@ -13,12 +13,10 @@ import os
 import sys
 import time
 
-import torch.distributed as dist
-
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
-from common import (UserError, autocast_context, check_device, excepthook, launcher_ranks, resolve_dtype,
-                    setup_distributed, write_json)
+from common import (UserError, autocast_context, check_device, excepthook, launcher_ranks, leave_distributed,
+                    resolve_dtype, setup_distributed, write_json)
 from hellaswag import check_encodable, find_data, read_examples, score
 from tokenizer import codec
 
@@ -67,6 +65,4 @@ if __name__ == "__main__":
               f"{result['items']:,} items ({time.time() - t0:.0f}s)")
         if out_file:
             write_json(out_file, result)
-    if world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    leave_distributed(world_size)

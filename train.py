@@ -12,7 +12,6 @@ Trains a GPT on one device, or on several with DDP. One CPU or GPU:
 The defaults below train GPT-2 124M on OpenWebText; `python train.py --help` lists them all.
 """
 import datetime
-import gc
 import itertools
 import math
 import os
@@ -32,8 +31,8 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
                         publish_checkpoint, repair_published, restore_training_state, save_checkpoint,
                         take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
-                    excepthook, launcher_ranks, local_processes, on_rank0, peak_flops, raise_held, resolve_dtype,
-                    setup_distributed)
+                    excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0, peak_flops, raise_held,
+                    resolve_dtype, setup_distributed)
 from dataset import (Prefetcher, data_change, eval_key, get_batch, load_dataset, model_vocab_size, read_batch, seed_from,
                      token_files)
 from fp8 import check_fp8, use_fp8
@@ -296,9 +295,7 @@ if __name__ == "__main__":
         report.print(f"the run in {out_dir} is finished: its checkpoint is at iter {checkpoint['iter_num']} and "
                      f"max_iters is {max_iters}; nothing to do (raise --max_iters to train it further, or evaluate it "
                      "with --eval_only=True)", always=True)
-        if ddp:  # every rank read the same checkpoint (checked above), so every rank ends here
-            dist.barrier()
-            dist.destroy_process_group()
+        leave_distributed(world_size)  # every rank read the same checkpoint (checked above), so every rank ends here
         sys.exit(0)
     if fsdp:  # every rank runs every forward pass under FSDP (each gathers weights from all): no rank may do fewer
         if eval_iters % world_size:
@@ -419,9 +416,7 @@ if __name__ == "__main__":
     check_fits(needs, free, model, planned)
     if dry_run:
         report.print("dry run: it fits; nothing trained or written")
-        if ddp:
-            dist.barrier()
-            dist.destroy_process_group()
+        leave_distributed(world_size)
         sys.exit(0)
     model.to(device)
     if fsdp:
@@ -492,11 +487,8 @@ if __name__ == "__main__":
         report.eval_only(dict(init_from=init_from, iter=iter_num, dataset=dataset, eval_iters=eval_iters,
                               batch_size=batch_size, block_size=block_size, train_loss=losses["train"],
                               val_loss=losses["val"]))
-        if ddp:
-            dist.barrier()
-            del model  # the DDP wrapper holds the process group: see the end of this file
-            gc.collect()
-            dist.destroy_process_group()
+        del model  # the DDP wrapper holds the process group
+        leave_distributed(world_size)
         sys.exit(0)
 
     # ---- the run's files are written only now that every input has been checked
@@ -626,10 +618,5 @@ if __name__ == "__main__":
         "checkpoint": os.path.join(out_dir, "ckpt.pt") if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else None,
     })
     report.finish()
-    if ddp:
-        dist.barrier()  # leave together: a rank tearing down gloo while another still talks to it can abort
-        # DDP's reducer holds the process group, and a gloo group still alive when the interpreter exits aborts
-        # its process (SIGABRT) now and then: release the wrapper first so the group really ends here
-        del model
-        gc.collect()
-        dist.destroy_process_group()
+    del model  # the DDP wrapper holds the process group
+    leave_distributed(world_size)

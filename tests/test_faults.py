@@ -391,6 +391,19 @@ def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_pat
     assert evaluated["iter"] == 4 and evaluated["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-6)
 
 
+@pytest.mark.parametrize("how", ["finished", "eval_only", "dry_run"])
+def test_each_early_exit_under_ddp_leaves_the_group_cleanly(trained, char_data, how):
+    """The three ways train.py ends before training: every rank leaves the process group and exits 0."""
+    flag = {"finished": [], "eval_only": ["--eval_only=True"], "dry_run": ["--dry_run=True", "--max_iters=8"]}[how]
+    before = digests(trained)
+    proc = torchrun(2, *args_for(char_data, trained, backend="gloo", max_iters=4, init_from="resume"), *flag)
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 0, stderr
+    assert {"finished": "is finished", "eval_only": "eval of resume at iter 4", "dry_run": "dry run: it fits"}[how] in stdout
+    assert "Traceback" not in stderr
+    assert {k: v for k, v in digests(trained).items() if k != "eval.json"} == before
+
+
 def test_overwrite_replaces_the_earlier_run_whole(char_data, tmp_path):
     out = str(tmp_path / "out")
     assert run_script("train.py", *args_for(char_data, out, max_iters=8, keep_last_n=3), cwd=str(tmp_path)).returncode == 0
