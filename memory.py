@@ -6,9 +6,11 @@ from the forward pass for the backward) are not estimated by formula: a forward 
 runs on the meta device, which computes shapes and nothing else, and the tensors autograd saves are added
 up. Doing that for a 1-block and a 2-block copy of the model gives one block's share and the rest (embeddings,
 final norm, the loss), whatever the architecture. In 16-bit precision the trace is of a model cast to that
-type. Autocast keeps a few saved tensors in fp32: on CUDA the loss's log-softmax, one float per logit and at
-GPT-2's vocabulary the largest tensor of all, which plan() adds; the norm inputs, which it does not, so the
-real figure there is somewhat higher than planned.
+type, with two corrections for what stays fp32 under autocast: what the norms of the residual stream save
+(that stream is fp32, as the weights it adds up are), counted at 4 bytes; and the loss's log-softmax, one float
+per logit and at GPT-2's vocabulary the largest tensor of all, which plan() adds. Both checked against autograd's
+saved tensors under the CPU's bf16 autocast (tests/test_memory.py). Not corrected: QK-norm's inputs, which CPU
+autocast widens to fp32 (it runs rms_norm in fp32) and CUDA's may too, so a qk_norm plan runs a little low.
 """
 import dataclasses
 import os
@@ -18,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from common import UserError
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, LayerNorm, RMSNorm
 
 GIB = 2 ** 30
 ADAM_STATES = 2  # exp_avg and exp_avg_sq per parameter; Muon keeps one momentum buffer for its matrices
@@ -55,17 +57,32 @@ def saved_bytes(config: GPTConfig, batch_size: int, dtype: torch.dtype, fused_at
     model.train()
     own = {id(t) for t in (*model.parameters(), *model.buffers())}
     kept = {}  # id -> tensor, held so that ids stay unique; views are counted once, through their base
+    wide, in_norm = set(), False  # ids of what the residual stream's norms save: fp32 in a real run
 
     def pack(t):
         base = t if t._base is None else t._base
         if id(base) not in own and id(t) not in own:
             kept[id(base)] = base
+            if in_norm:
+                wide.add(id(base))
         return t
 
+    def enter_norm(*_):
+        nonlocal in_norm
+        in_norm = True
+
+    def leave_norm(*_):
+        nonlocal in_norm
+        in_norm = False
+
+    for module in model.modules():
+        if isinstance(module, (LayerNorm, RMSNorm)):
+            module.register_forward_pre_hook(enter_norm)
+            module.register_forward_hook(leave_norm)
     idx = torch.zeros((batch_size, config.block_size), dtype=torch.long, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FusedAttention() if fused_attention else nullcontext():
         model(idx, idx)
-    sizes = [t.numel() * t.element_size() for t in kept.values()]
+    sizes = [t.numel() * (max(4, t.element_size()) if i in wide else t.element_size()) for i, t in kept.items()]
     return sum(sizes), max(sizes)
 
 
@@ -92,7 +109,7 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
         activations = rest + config.n_layer * per_block + largest
     if config.loss_chunk:  # the chunked loss's logits exist a chunk at a time, with their gradient in backward
         activations += 2 * min(config.loss_chunk, batch_size * config.block_size) * config.vocab_size * 4
-    elif device_type == "cuda" and fp.itemsize == 2:  # CUDA's autocast keeps the log-softmax in fp32, not 16 bits
+    elif fp.itemsize == 2:  # autocast (CUDA's and the CPU's) keeps the log-softmax in fp32, not 16 bits
         activations += batch_size * config.block_size * config.vocab_size * 2
     if optimizer == "muon":
         matrices = sum(p.numel() for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2)

@@ -32,13 +32,16 @@ def really_saved(model, idx) -> int:
     return sum(kept.values())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", [GPT2, LLAMA], ids=["gpt2", "llama"])
-def test_the_traced_activations_are_what_autograd_saves_on_a_cpu(arch):
+def test_the_traced_activations_are_what_autograd_saves_on_a_cpu(arch, dtype):
+    """In bf16 too: the trace is of a bf16 model, but autocast's residual stream, norms and log-softmax are fp32."""
     model = GPT(GPTConfig(**SHAPE, **arch)).train()
-    planned = plan(model, 16, "float32", "adamw", 1, "ddp", False, "cpu")
-    # the plan's activations also hold backward's gradients (about one more of the largest activation)
-    real = really_saved(model, torch.randint(65, (16, 512)))
-    assert 0.95 < planned["activations"] / real < 1.15
+    planned = plan(model, 16, dtype, "adamw", 1, "ddp", False, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+        real = really_saved(model, torch.randint(65, (16, 512)))
+    # the plan's activations also hold backward's gradients (about one more of the largest activation): never less
+    assert 1.0 < planned["activations"] / real < 1.15
 
 
 MEASURE = """
@@ -156,7 +159,8 @@ def test_largest_batch_is_the_largest_power_of_two_the_plan_fits():
 def test_the_bf16_plan_of_gpt2_on_cuda_meets_the_peaks_measured_on_an_h100():
     """GPT-2 124M, block 1024, bf16 with compile and fused AdamW on one H100 80GB (the GPU suite, 2026-11-22):
     peak 9.1, 21.3 and 40.8 GiB at batch 12, 32 and 64, and batch 128 ran out of memory. The plan counts the
-    loss's fp32 log-softmax that CUDA's autocast keeps; without it batch_size='auto' chose 128 there."""
+    loss's fp32 log-softmax that CUDA's autocast keeps; without it batch_size='auto' chose 128 there. It plans
+    about 3% above those peaks, which were measured compiled (the trace is of the eager forward pass)."""
     with torch.device("meta"):
         model = GPT(GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768, bias=False))
     settings = dict(dtype="bfloat16", optimizer="adamw", world_size=1, parallelism="ddp",
