@@ -359,7 +359,7 @@ def build(cfg: dict) -> dict:
         for micro in range(accum):
             x, y = batch(i * accum + micro)
             with ctx:
-                _, loss = train_model(x, y)
+                loss = train_model(x, y)[1]  # as train.py: the logits are not held through backward
             scaler.scale(loss / accum).backward()
             loss_sum += loss.detach() / accum
         scaler.unscale_(optimizer)

@@ -221,7 +221,7 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
         for k in range(rank, eval_iters, world_size):
             x, y = batch_fn(split, k)
             with ctx:
-                _, loss = model(x, y)
+                loss = model(x, y)[1]
             losses[k] = loss.detach()  # stays on the device: one sync per split, not one per batch
         if world_size > 1:
             dist.all_reduce(losses)
@@ -554,8 +554,8 @@ if __name__ == "__main__":
                 raw_model.set_requires_gradient_sync(sync)
                 raw_model.set_reshard_after_backward(sync)
             with ctx, (nullcontext() if sync or fsdp else model.no_sync()):
-                _, loss = model(X, Y)
-                loss = loss / accum_steps  # the gradient of the mean over micro-steps
+                # the logits dropped at once: held through backward, they would be one more (B, T, vocab) tensor
+                loss = model(X, Y)[1] / accum_steps  # the gradient of the mean over micro-steps
             X, Y = next(train_batches)  # the next micro-step's, copied while the device works on this one
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
