@@ -299,31 +299,36 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
 
 def repair_published(out_dir: str, checkpoint: dict) -> list[str]:
     """Finish what publish_checkpoint did not for out_dir/ckpt.pt (read as checkpoint) when the run was killed
-    between writing ckpt.pt and linking it: best.pt when ckpt.pt is the run's best, ckpt_<iter>.pt when the run kept
-    steps. Returns the names written (none when all is in place). The link takes milliseconds, but a filesystem
-    without hard links copies, for seconds on a large model."""
+    between writing ckpt.pt and linking it: best.pt when ckpt.pt is the run's best and best.pt lags it,
+    ckpt_<iter>.pt when the run kept steps and has none as recent. Returns the names written (none when all is in
+    place). The link takes milliseconds, but a filesystem without hard links copies, for seconds on a large model.
+    A best.pt or kept step newer than ckpt.pt is left alone: ckpt.pt may be an earlier copy the user put back."""
     iter_num, evaluated = checkpoint["iter_num"], checkpoint["evaluated"]
     keep_last_n = checkpoint["config"].get("keep_last_n", 0) if evaluated else 0
-    kept_missing = keep_last_n > 0 and not os.path.exists(os.path.join(out_dir, kept_name(iter_num)))
-    best_stale = evaluated and checkpoint["best_iter"] == iter_num and not holds_step(out_dir, "best.pt", iter_num)
+    kept_missing = keep_last_n > 0 and all(kept_step(f) < iter_num for f in os.listdir(out_dir))
+    best_stale = evaluated and checkpoint["best_iter"] == iter_num and best_lags(out_dir, checkpoint)
     if not (best_stale or kept_missing):
         return []
     publish_checkpoint(out_dir, iter_num, best_stale, keep_last_n if kept_missing else 0)
     return (["best.pt"] if best_stale else []) + ([kept_name(iter_num)] if kept_missing else [])
 
 
-def holds_step(out_dir: str, name: str, iter_num: int) -> bool:
-    """Whether checkpoint `name` in out_dir is the run's state at iter_num: the same file as ckpt.pt (a hard link),
-    or a copy that says so (mapped, so only its small header is read)."""
-    path = os.path.join(out_dir, name)
+def best_lags(out_dir: str, checkpoint: dict) -> bool:
+    """Whether out_dir/best.pt lags ckpt.pt (read as checkpoint): missing or unreadable, or from an earlier step
+    with a worse val loss. Read mapped, so only its small header is read; a hard link to ckpt.pt is not read."""
+    path = os.path.join(out_dir, "best.pt")
     if not os.path.isfile(path):
-        return False
-    if os.path.samefile(path, os.path.join(out_dir, "ckpt.pt")):
         return True
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("iter_num") == iter_num
-    except Exception:  # torch raises several kinds for a torn or foreign file: it is not this step's, so write it
+    if os.path.samefile(path, os.path.join(out_dir, "ckpt.pt")):
         return False
+    try:
+        best = read_file(path)
+    except UserError:
+        return True
+    if not isinstance(best, dict):
+        return True
+    older = best.get("iter_num", -1) < checkpoint["iter_num"]
+    return older and best.get("best_val_loss", float("inf")) > checkpoint["best_val_loss"]
 
 
 def training_state(model_state: dict, optimizer_state: dict, scaler, model_args: dict, config: dict, progress: dict,

@@ -491,7 +491,8 @@ if __name__ == "__main__":
         leave_distributed(world_size)
         sys.exit(0)
 
-    # ---- the run's files are written only now that every input has been checked
+    # ---- the run's files are written only now that every input has been checked (a resume's repair above only
+    # finishes the last save of the run)
     stale_files = on_rank0(lambda: check_new_run(out_dir, overwrite) if init_from != "resume" else [], rank, world_size)
     wandb_run_id = report.start(
         config, dict(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),

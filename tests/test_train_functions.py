@@ -411,24 +411,29 @@ def test_best_and_kept_checkpoints_missed_by_a_kill_are_written_at_resume(tmp_pa
             raise OSError(errno.EPERM, "Operation not permitted")
         monkeypatch.setattr(os, "link", link)
 
-    def state(it, best_iter, evaluated=True):
-        return {"iter_num": it, "best_iter": best_iter, "evaluated": evaluated, "config": {"keep_last_n": 2},
-                "model": {"w": torch.full((3,), float(it))}}
+    def state(it, best_iter, evaluated=True):  # val loss 10 - step: every eval improves
+        return {"iter_num": it, "best_iter": best_iter, "best_val_loss": 10.0 - best_iter, "evaluated": evaluated,
+                "config": {"keep_last_n": 2}, "model": {"w": torch.full((3,), float(it))}}
 
     def save(checkpoint, name):  # as save_checkpoint does: a new file renamed into place, so links keep the old
         torch.save(checkpoint, tmp_path / "new.tmp")
         os.replace(tmp_path / "new.tmp", tmp_path / name)
+
+    def step_of(name):
+        return torch.load(tmp_path / name, weights_only=True)["iter_num"]
     save(state(4, 4), "ckpt_0000004.pt")
     save(state(4, 4), "best.pt")
     ckpt = state(8, 8)
     save(ckpt, "ckpt.pt")  # killed here: before best.pt and ckpt_0000008.pt
     assert repair_published(str(tmp_path), ckpt) == ["best.pt", "ckpt_0000008.pt"]
-    for name in ("best.pt", "ckpt_0000008.pt"):
-        assert torch.load(tmp_path / name, weights_only=True)["iter_num"] == 8
+    assert step_of("best.pt") == step_of("ckpt_0000008.pt") == 8
     assert repair_published(str(tmp_path), ckpt) == []  # all in place now: nothing is written again
     os.remove(tmp_path / "ckpt_0000008.pt")  # killed after best.pt, before the kept step
     assert repair_published(str(tmp_path), ckpt) == ["ckpt_0000008.pt"]
     later = state(12, 8, evaluated=False)  # a signal's save: best.pt stays the best eval's
     save(later, "ckpt.pt")
-    assert repair_published(str(tmp_path), later) == []
-    assert torch.load(tmp_path / "best.pt", weights_only=True)["iter_num"] == 8
+    assert repair_published(str(tmp_path), later) == [] and step_of("best.pt") == 8
+    # an earlier checkpoint the user put back as ckpt.pt: the newer, better best.pt and kept steps stay as they are
+    save(state(4, 4), "ckpt.pt")
+    assert repair_published(str(tmp_path), state(4, 4)) == [] and step_of("best.pt") == 8
+    assert sorted(f for f in os.listdir(tmp_path) if f.startswith("ckpt_")) == ["ckpt_0000004.pt", "ckpt_0000008.pt"]
