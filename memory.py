@@ -9,8 +9,8 @@ final norm, the loss), whatever the architecture. In 16-bit precision the trace 
 type, with two corrections for what stays fp32 under autocast: what the norms of the residual stream save
 (that stream is fp32, as the weights it adds up are), counted at 4 bytes; and the loss's log-softmax, one float
 per logit and at GPT-2's vocabulary the largest tensor of all, which plan() adds. Both checked against autograd's
-saved tensors under the CPU's bf16 autocast (tests/test_memory.py). Not corrected: QK-norm's inputs, which CPU
-autocast widens to fp32 (it runs rms_norm in fp32) and CUDA's may too, so a qk_norm plan runs a little low.
+saved tensors under the CPU's bf16 autocast (tests/test_memory.py). (QK-norm's rms_norm needs no correction: it
+computes in fp32 and saves fp32 in the trace too.)
 """
 import dataclasses
 import os
