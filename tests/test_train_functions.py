@@ -92,24 +92,17 @@ def test_get_batch_windows_stay_inside_one_shard_and_cover_all_shards(tmp_path):
     assert 0.8 < share < 0.97
 
 
-def storage_reads() -> int:
-    with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
-
-
 def test_random_access_reads_the_same_windows_with_far_fewer_bytes_from_storage(tmp_path):
+    from bench import disk_reads, evict  # bench.py's --cold_data and --mode=get_batch measure the same way
     n = 32_000_000  # 64 MB
     path = write_tokens(tmp_path / "train.bin", n)
     shards = [(path, n)]
     read = {}
     for random_access in (False, True):
-        fd = os.open(path, os.O_RDONLY)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache: the next reads go to storage
-        os.close(fd)
-        before = storage_reads()
+        evict([path])  # out of the page cache: the next reads go to storage
+        before = disk_reads()
         batches = [read_batch(shards, np.uint16, 12, 1024, (0, i), random_access=random_access) for i in range(5)]
-        read[random_access] = storage_reads() - before
+        read[random_access] = disk_reads() - before
         assert all(((y - x) % 65536 == 1).all() for x, y in batches)  # the file counts up, wrapping at 2**16
     if read[False] == 0:
         pytest.skip("nothing was read from storage here (a tmpfs?): eviction cannot be seen")
