@@ -1,6 +1,8 @@
 """
 The one owner of metrics.csv, a run's row-per-event log: its columns, appending a row, dropping rows a
-resumed run will redo, and reading it back (plot.py and the tests read it through here).
+resumed run will redo, and reading it back (plot.py and the tests read it through here). Also the step
+times of a run, ours from metrics.csv and nanoGPT's from its printed lines, reckoned by one rule so the two
+compare fairly (scripts/compare_nanogpt.py and scripts/gpu_suite.py).
 
 A kill in the middle of an append can leave a last line without its newline. That torn row is never
 read (a cut number would read as a wrong one) and the next append removes it before writing.
@@ -8,6 +10,8 @@ read (a cut number would read as a wrong one) and the next append removes it bef
 import csv
 import io
 import os
+import re
+import statistics
 
 from common import UserError, atomic_write
 
@@ -106,3 +110,16 @@ def truncate(out_dir: str, iter_num: int):
     kept = [r for r in rows if int(r["iter"]) <= iter_num]
     if len(kept) < len(rows):
         rewrite(path, kept)
+
+
+def median_step_ms(out_dir: str, skip: int) -> float | None:
+    """Median ms per step of a run of this trainer, from its metrics.csv past step `skip` (None: none)."""
+    times = [float(r["dt_ms"]) for r in read_rows(out_dir) if r["dt_ms"] and int(r["iter"]) > skip]
+    return statistics.median(times) if times else None
+
+
+def nanogpt_median_step_ms(output: str, skip: int) -> float | None:
+    """Median ms per step of a run of nanoGPT's train.py, from its 'iter N: loss L, time Tms' lines past step `skip`
+    (None: none)."""
+    times = [float(t) for i, t in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M) if int(i) > skip]
+    return statistics.median(times) if times else None

@@ -12,7 +12,6 @@ left out of both (ours leaves it out of its step times; nanoGPT's median is not 
 """
 import argparse
 import os
-import re
 import shlex
 import shutil
 import statistics
@@ -26,18 +25,6 @@ import metrics  # noqa: E402
 
 README_CPU_FLAGS = ("--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 "
                     "--n_layer=4 --n_head=4 --n_embd=128 --lr_decay_iters=2000 --dropout=0.0 --wandb_log=False")
-
-
-def nanogpt_ms(output: str, skip: int) -> float | None:
-    """Median ms per step of a nanoGPT run, from its 'iter N: loss L, time Tms' lines past step `skip` (None: none)."""
-    times = [float(t) for i, t in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M) if int(i) > skip]
-    return statistics.median(times) if times else None
-
-
-def ours_ms(out_dir: str, skip: int) -> float | None:
-    """Median ms per step of a run of this trainer, from its metrics.csv past step `skip` (None: none)."""
-    times = [float(r["dt_ms"]) for r in metrics.read_rows(out_dir) if r["dt_ms"] and int(r["iter"]) > skip]
-    return statistics.median(times) if times else None
 
 
 def run(cmd: list[str], cwd: str) -> str:
@@ -75,10 +62,10 @@ if __name__ == "__main__":
             out = os.path.join(work, f"ours_{r}")
             run([sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "config", "train_shakespeare_char.py"),
                  *flags, f"--dataset={data}", f"--out_dir={out}"], work)
-            ours_times.append(ours_ms(out, 10))
+            ours_times.append(metrics.median_step_ms(out, 10))
             output = run([sys.executable, "train.py", "config/train_shakespeare_char.py", *flags,
                           f"--out_dir={os.path.join(work, f'nano_{r}')}"], nano)
-            nano_times.append(nanogpt_ms(output, 10))
+            nano_times.append(metrics.nanogpt_median_step_ms(output, 10))
             if None in (ours_times[-1], nano_times[-1]):
                 sys.exit(f"error: a run logged no step past step 10 (ours {ours_times[-1]}, nanoGPT {nano_times[-1]})")
             print(f"round {r + 1}/{args.rounds}: ours {ours_times[-1]:.2f} ms/step, nanoGPT {nano_times[-1]:.2f} ms/step, "

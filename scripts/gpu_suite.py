@@ -29,8 +29,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from report import read_summary  # noqa: E402  (the repository's own modules, from its root)
-from compare_nanogpt import nanogpt_ms, ours_ms  # noqa: E402  (a sibling script: the owner of both trainers' step times)
+from metrics import median_step_ms, nanogpt_median_step_ms  # noqa: E402  (the repository's own modules, from its root)
+from report import read_summary  # noqa: E402
 STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "nanogpt", "prefetch", "autotune"]
 # Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
 # 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
@@ -444,13 +444,13 @@ def step_nanogpt(suite: Suite, args):
         name = f"nanogpt_{n}x{b}"
         code, output = suite.run(name, [sys.executable, "train.py", *common, *shape, f"--out_dir={args.work}/{name}"],
                                  600, cwd=args.nanogpt)
-        ms["nanogpt", n, b] = nanogpt_ms(output, 5) if code == 0 else None
+        ms["nanogpt", n, b] = nanogpt_median_step_ms(output, 5) if code == 0 else None
         fp8 = FP8_GPU and (n, b) != NANO_SHAPES[0]
         for trainer, extra in [("ours", [])] + ([("ours_fp8", ["--fp8=True"])] if fp8 else []):
             out_dir = os.path.join(args.work, f"{trainer}_{n}x{b}")
             code, _ = suite.run(f"{trainer}_{n}x{b}", [sys.executable, "train.py", *common, *shape, *args.ours_flags.split(),
                                                       *extra, f"--out_dir={out_dir}", "--overwrite=True"], 600)
-            ms[trainer, n, b] = ours_ms(out_dir, 5) if code == 0 else None
+            ms[trainer, n, b] = median_step_ms(out_dir, 5) if code == 0 else None
     for row in nanogpt_rows(ms, block_size, args.ours_flags):
         suite.row(*row)
 

@@ -5,14 +5,17 @@ import os
 
 from conftest import ROOT
 
-SCRIPTS = {"train", "sample", "bench", "plot", "export", "eval"}  # the top floor: run, never imported by the project
+# the top floor: run, never imported by the project (scripts/ put the repository root on sys.path, so a sibling
+# there would be imported by its bare name)
+SCRIPTS = {"train", "sample", "bench", "plot", "export", "eval"} | {
+    os.path.basename(f)[:-3] for f in glob.glob(os.path.join(ROOT, "scripts", "*.py"))}
 
 
 def project_imports() -> dict[str, set[str]]:
     """{file relative to ROOT: the project modules it imports}, for every .py outside tests/ and .venv/."""
     files = [f for f in glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)
              if not os.path.relpath(f, ROOT).startswith(("tests", ".", "config"))]
-    modules = {os.path.relpath(f, ROOT)[:-3].replace(os.sep, ".") for f in files}
+    modules = {os.path.relpath(f, ROOT)[:-3].replace(os.sep, ".") for f in files} | SCRIPTS
     graph = {}
     for f in files:
         names = set()
