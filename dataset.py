@@ -11,6 +11,7 @@ import json
 import mmap
 import os
 import pickle
+import re
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +24,8 @@ META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.js
 
 def write_meta(out_dir: str, meta: dict):
     """Finish a prepare: rename its token files from their .tmp names into place, write meta.json, then delete
-    token files of the same splits that an earlier prepare left behind. Called only when the whole job has
+    token files of the same splits that an earlier prepare left behind (named as a prepare names them,
+    {split}.bin or {split}_000.bin, ...; a user's train_backup.bin stays). Called only when the whole job has
     succeeded, so a failed prepare leaves the earlier dataset as it was."""
     problem = meta_problem(meta)
     if problem:
@@ -35,8 +37,9 @@ def write_meta(out_dir: str, meta: dict):
     with atomic_write(os.path.join(out_dir, "meta.json")) as f:
         json.dump(meta, f, indent=1)
     for split in meta["splits"]:
-        for stale in glob.glob(os.path.join(out_dir, f"{split}.bin")) + glob.glob(os.path.join(out_dir, f"{split}_*.bin")):
-            if os.path.basename(stale) not in keep:
+        for stale in glob.glob(os.path.join(out_dir, f"{split}*.bin")):
+            name = os.path.basename(stale)
+            if re.fullmatch(rf"{split}(_\d{{3,}})?\.bin", name) and name not in keep:
                 os.remove(stale)
 
 
