@@ -171,9 +171,15 @@ def read_model_file(path: str, dropout: float) -> tuple[GPT, dict | None, dict |
     dataset = (saved.get("config") or {}).get("dataset")
     if vocab is None and isinstance(dataset, str):  # nanoGPT's: the characters are in its dataset's meta.pkl
         try:
-            vocab = vocabulary(find_dataset(dataset))
+            data_dir = find_dataset(dataset)
+            vocab = vocabulary(data_dir)
         except UserError:  # that dataset is not on this machine
             vocab = None
+        chars = (vocab or {}).get("chars")
+        if chars is not None and len(chars) != model.config.vocab_size:  # nanoGPT sizes a char model to its alphabet
+            raise UserError(f"{path} is a nanoGPT model of {model.config.vocab_size} characters, but the alphabet of "
+                            f"its dataset {data_dir} has {len(chars)}: that folder holds another text now; prepare the "
+                            "text the model was trained on there")
     return model, vocab if vocab and (vocab.get("tokenizer") or vocab.get("chars")) else None, saved.get("optimizer")
 
 

@@ -201,6 +201,20 @@ def test_a_nanogpt_checkpoint_samples_and_starts_a_run(run, char_data, tmp_path,
     assert sorted(int(r["iter"]) for r in read_metrics(tmp_path / "new") if r["loss"]) == [1, 2]
 
 
+def test_a_nanogpt_checkpoint_whose_dataset_now_holds_another_alphabet_is_refused(run, tmp_path):
+    import pickle
+    other = tmp_path / "other_text"  # its dataset folder, prepared since from a text of 3 characters
+    other.mkdir()
+    with open(other / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 3, "itos": {0: "a", 1: "b", 2: "c"}, "stoi": {"a": 0, "b": 1, "c": 2}}, f)
+    as_nanogpt(os.path.join(run, "ckpt.pt"), str(tmp_path / "nano.pt"), "")
+    saved = torch.load(tmp_path / "nano.pt", map_location="cpu", weights_only=True)
+    torch.save({**saved, "config": {"dataset": str(other)}}, tmp_path / "nano.pt")
+    with pytest.raises(UserError, match=rf"nanoGPT model of {saved['model_args']['vocab_size']} characters, but the "
+                                        rf"alphabet of its dataset {other} has 3"):
+        load_trained(str(tmp_path / "nano.pt"), "")
+
+
 @pytest.mark.slow
 def test_a_run_from_a_checkpoint_takes_and_records_its_shape_and_refuses_another(run, char_data, tmp_path):
     flags = [f"--dataset={char_data}", "--device=cpu", "--compile=False", "--max_iters=1", "--eval_iters=1",
