@@ -137,9 +137,13 @@ def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
     """Our GPT with the weights of a transformers GPT2LMHeadModel or LlamaForCausalLM."""
     hf, sd = hf_model.config, hf_model.state_dict()
     if hf.model_type == "gpt2":
-        if hf.activation_function not in ("gelu_new", "gelu_pytorch_tanh") or hf.layer_norm_epsilon != EPS:
-            raise UserError(f"this GPT-2 uses activation {hf.activation_function} and layer-norm epsilon "
-                            f"{hf.layer_norm_epsilon}: model.py computes tanh-GELU and {EPS}")
+        scaling = {k: getattr(hf, k, default) for k, default in (("scale_attn_weights", True),
+                                                                  ("scale_attn_by_inverse_layer_idx", False))}
+        if hf.activation_function not in ("gelu_new", "gelu_pytorch_tanh") or hf.layer_norm_epsilon != EPS \
+                or scaling != {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}:
+            raise UserError(f"this GPT-2 uses activation {hf.activation_function}, layer-norm epsilon "
+                            f"{hf.layer_norm_epsilon} and {scaling}: model.py computes tanh-GELU, {EPS}, and "
+                            "attention scores scaled by 1/sqrt(head size) alone")
         bias = getattr(hf, "nanogpt_bias", True)
         config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
                            n_embd=hf.n_embd, bias=bias, dropout=dropout, mlp_hidden=hf.n_inner or 0)

@@ -149,6 +149,16 @@ def test_character_tokenizer_files_map_each_character_to_its_id(tmp_path):
     assert theirs.decode(theirs.encode(text)) == text
 
 
+@pytest.mark.parametrize("setting", [dict(scale_attn_by_inverse_layer_idx=True), dict(scale_attn_weights=False)])
+def test_a_transformers_gpt2_that_scales_its_attention_otherwise_is_refused(tmp_path, setting):
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=11, n_positions=8,
+                                                         **setting)).save_pretrained(tmp_path)
+    key, value = next(iter(setting.items()))
+    with pytest.raises(UserError, match=f"'{key}': {value}"):
+        hf.load(str(tmp_path))
+
+
+
 # ---- the ways in, end to end
 
 @pytest.fixture(scope="module")
