@@ -205,6 +205,11 @@ def load(name: str, dropout: float = 0.0) -> GPT:
         raise UserError(f"could not load '{name}' ({e.__class__.__name__}): without network access, save the model "
                         "on a machine that has it (GPT2LMHeadModel.from_pretrained(name).save_pretrained(folder)) "
                         "and pass that folder") from e
+    except UserError:
+        raise
+    except Exception as e:  # a damaged file in the folder: safetensors', json's and torch's errors share no base
+        raise UserError(f"could not read the model in {name} ({e.__class__.__name__}: {str(e)[:200]}): the folder is "
+                        "damaged; write it again (export.py, or save_pretrained)") from e
     return from_transformers(hf_model, dropout)
 
 

@@ -158,6 +158,14 @@ def test_a_transformers_gpt2_that_scales_its_attention_otherwise_is_refused(tmp_
         hf.load(str(tmp_path))
 
 
+def test_a_folder_with_damaged_weights_is_a_one_line_error(tmp_path):
+    folder = str(tmp_path / "hf")
+    export(random_model(), {"tokenizer": "char", "chars": "abcdefghij"}, folder, "float32", False)
+    weights = tmp_path / "hf" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut short, as by a full disk or an interrupted copy
+    with pytest.raises(UserError, match=r"could not read the model in .*hf \(.*\): the folder is damaged"):
+        hf.load(folder)
+
 
 # ---- the ways in, end to end
 
