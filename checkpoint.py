@@ -189,7 +189,8 @@ def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, d
     state or None)."""
     if os.path.isfile(init_from):
         return read_model_file(init_from, dropout)
-    return hf.load(init_from, dropout), None, None
+    vocab = hf.read_vocabulary(init_from) if os.path.isdir(init_from) else None
+    return hf.load(init_from, dropout), vocab, None
 
 
 def kept_name(iter_num: int) -> str:
@@ -221,8 +222,9 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     source = ckpt_path if init_from == "resume" else init_from
     model, vocab, _ = load_pretrained(source, 0.0)
     if vocab is None and model.config.vocab_size < 50257:
-        raise UserError(f"{source} holds a model of {model.config.vocab_size} tokens but not its characters, and "
-                        "its dataset folder (with meta.pkl) is not here: put that folder in data/")
+        where = ("its tokenizer.json is missing: export it again with export.py" if os.path.isdir(source) else
+                 "its dataset folder (with meta.pkl) is not here: put that folder in data/")
+        raise UserError(f"{source} holds a model of {model.config.vocab_size} tokens but not its characters, and {where}")
     return model, vocab
 
 

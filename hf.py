@@ -8,6 +8,7 @@ LLaMA, our fused q/k/v and gate/up matrices are split into LLaMA's separate proj
 is already Hugging Face's (rotate-half), so no weight is permuted.
 """
 import dataclasses
+import json
 import os
 
 import torch
@@ -211,6 +212,30 @@ def load(name: str, dropout: float = 0.0) -> GPT:
         raise UserError(f"could not read the model in {name} ({e.__class__.__name__}: {str(e)[:200]}): the folder is "
                         "damaged; write it again (export.py, or save_pretrained)") from e
     return from_transformers(hf_model, dropout)
+
+
+def read_vocabulary(folder: str) -> dict | None:
+    """The vocabulary (as checkpoints keep it) of the tokenizer.json in a transformers folder: a character table
+    as write_tokenizer writes one, {'tokenizer': 'gpt2'} for GPT-2's BPE, None when the folder has no
+    tokenizer.json. Any other tokenizer is a UserError: the project's data and sampling encode only these two."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        model = saved["model"]
+        ids = {**model["vocab"], **{t["content"]: t["id"] for t in saved.get("added_tokens", [])}}
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is damaged ({e.__class__.__name__}): write the folder again (export.py)") from None
+    in_order = sorted(ids, key=ids.get)
+    if model.get("type") == "BPE" and not model.get("merges") and all(len(c) == 1 for c in ids) \
+            and [ids[c] for c in in_order] == list(range(len(ids))):
+        return {"tokenizer": "char", "chars": "".join(in_order)}
+    if len(ids) == 50257 and ids.get("<|endoftext|>") == 50256 and ids.get("\u0120the") == 262:  # Ġthe: " the"
+        return {"tokenizer": "gpt2", "chars": None}
+    raise UserError(f"{path} is a tokenizer of {len(ids):,} tokens that is neither GPT-2's BPE nor one token per "
+                    "character: this project's data, sampling and evaluation encode only those two")
 
 
 # ---- tokenizer files

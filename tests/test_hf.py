@@ -138,6 +138,7 @@ def test_gpt2_tokenizer_files_encode_and_decode_as_tiktoken(tmp_path, monkeypatc
     ids = gpt2_encoding().encode(text, allowed_special="all")
     assert theirs.encode(text) == ids and theirs.decode(ids) == text
     assert theirs.eos_token_id == 50256
+    assert hf.read_vocabulary(str(tmp_path)) == {"tokenizer": "gpt2", "chars": None}  # what a reader takes it for
 
 
 def test_character_tokenizer_files_map_each_character_to_its_id(tmp_path):
@@ -147,6 +148,15 @@ def test_character_tokenizer_files_map_each_character_to_its_id(tmp_path):
     text = "Abc, cab!\n\nB a? C;"
     assert theirs.encode(text) == [chars.index(c) for c in text]
     assert theirs.decode(theirs.encode(text)) == text
+    assert hf.read_vocabulary(str(tmp_path)) == {"tokenizer": "char", "chars": chars}
+
+
+def test_a_folder_whose_tokenizer_is_neither_gpt2_nor_characters_is_refused(tmp_path):
+    from tokenizers import Tokenizer, models
+    vocab = {c: i for i, c in enumerate("abcd")} | {"ab": 4, "cd": 5}
+    Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b"), ("c", "d")])).save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(UserError, match="is a tokenizer of 6 tokens that is neither GPT-2's BPE nor one token per"):
+        hf.read_vocabulary(str(tmp_path))
 
 
 @pytest.mark.parametrize("setting", [dict(scale_attn_by_inverse_layer_idx=True), dict(scale_attn_weights=False)])
@@ -266,6 +276,12 @@ def test_an_exported_folder_is_an_init_from_that_trains(run, char_data, tmp_path
     rows = read_metrics(tmp_path / "new")
     assert float(rows[0]["val_loss"]) == pytest.approx(final_val_loss(run), abs=1e-5)  # iter 0: the weights came in
     assert sorted(int(r["iter"]) for r in rows if r["loss"]) == [1, 2, 3]
+    # and samples as the run does: its characters come back from the folder's tokenizer.json
+    greedy = ["--device=cpu", "--temperature=0", "--num_samples=1", "--max_new_tokens=40", "--start=ROMEO:"]
+    ours = run_script("sample.py", f"--out_dir={run}", *greedy, cwd=str(tmp_path))
+    theirs = run_script("sample.py", f"--init_from={folder}", *greedy, cwd=str(tmp_path))
+    assert theirs.returncode == 0, theirs.stderr
+    assert theirs.stdout == ours.stdout and theirs.stdout.startswith("ROMEO:")
 
 
 def test_a_file_that_is_no_checkpoint_is_refused(tmp_path):
