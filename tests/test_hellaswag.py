@@ -89,10 +89,11 @@ def write_jsonl(path, items):
 
 @pytest.mark.parametrize("line,problem", [('{"ctx": "a", "endings": ["a", "b"], "label": 0}', "endings"),
                                           ('{"ctx": "a", "endings": ["a", "b", "c", "d"], "label": 4}', "label"),
-                                          ("not json", "json")])
+                                          ("not json", "json"),
+                                          ('{"ctx": "caf\xe9", "endings": ["a", "b", "c", "d"], "label": 0}', "latin-1")])
 def test_a_malformed_item_is_one_error_naming_its_line(tmp_path, line, problem):
     path = tmp_path / "h.jsonl"
-    path.write_text(json.dumps(ITEMS[0]) + "\n" + line + "\n")
+    path.write_bytes((json.dumps(ITEMS[0]) + "\n").encode() + line.encode("latin-1") + b"\n")
     with pytest.raises(UserError, match=r"h.jsonl line 2 is not a HellaSwag item"):
         read_examples(str(path))
 
