@@ -403,7 +403,8 @@ class GPT(nn.Module):
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:
-                logits = logits / temperature
+                # shifted so the largest is 0 first: a tiny temperature then sends the rest to -inf, never to nan
+                logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
                 if top_k is not None:
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                     logits[logits < v[:, [-1]]] = -float("inf")

@@ -95,6 +95,14 @@ def test_temperature_zero_is_greedy_decoding():
     assert torch.equal(out, expected)
 
 
+def test_a_tiny_positive_temperature_samples_the_greedy_token_instead_of_failing():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16)).eval()
+    idx = torch.tensor([[1, 2], [3, 4]])
+    with torch.no_grad():  # 1e-40: logits / temperature alone overflow to inf, and inf - inf is nan in softmax
+        assert torch.equal(model.generate(idx, 6, temperature=1e-40), model.generate(idx, 6, temperature=0.0))
+
+
 def test_each_gpu_name_gets_its_own_peak_not_that_of_a_name_it_contains():
     names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
              "NVIDIA H200": 989e12, "NVIDIA H200 NVL": 835e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
