@@ -600,6 +600,8 @@ if __name__ == "__main__":
                             raw_model.estimate_mfu(tokens_per_iter // world_size, dt, peak), t_now - t_start,
                             iter_num - start_iter, train_time)
             if stop_now:
+                if iters_since_log:  # the steps since the last log line count in the summary's times too
+                    train_time += time.monotonic() - t_log
                 save(evaluated=False, improved=False)
                 report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume", always=True)
                 break
@@ -615,7 +617,8 @@ if __name__ == "__main__":
         "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else None, "best_iter": best_iter,
         "wall_time_s": time.monotonic() - t_start,
         "mean_tokens_per_sec": steps_done * tokens_per_iter / train_time if train_time else None,
-        "mean_mfu": raw_model.estimate_mfu(tokens_per_iter // world_size, train_time / steps_done, peak) if steps_done else None,
+        "mean_mfu": (raw_model.estimate_mfu(tokens_per_iter // world_size, train_time / steps_done, peak)
+                     if steps_done and train_time else None),
         "checkpoint": os.path.join(out_dir, "ckpt.pt") if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else None,
     })
     report.finish()

@@ -105,6 +105,23 @@ def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run
     assert_same_run(straight_run, out)
 
 
+def test_a_stop_before_the_first_log_line_still_counts_its_steps_in_the_summary(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    proc = start(char_data, out, str(tmp_path), log_interval=1000, max_iters=1000)
+    deadline = time.time() + 120
+    while not any(r["val_loss"] and int(r["iter"]) >= 4 for r in (read_metrics(out) if os.path.exists(
+            os.path.join(out, "metrics.csv")) else [])):  # eval rows only: no step has logged
+        assert time.time() < deadline and proc.poll() is None, "no eval at iter 4"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["stopped_by_signal"] and 4 <= summary["iters"] < 1000
+    assert summary["mean_tokens_per_sec"] > 0  # the steps' time is counted, though no log line took it
+
+
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_second_ctrl_c_exits_at_once_and_a_repeated_sigterm_still_saves(char_data, tmp_path, second):
     """Under torchrun a scheduler's SIGTERM reaches each worker twice at once: directly and forwarded by torchrun."""
