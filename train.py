@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 import configurator
 from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_same_checkpoint,
-                        check_same_shape, check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained,
-                        publish_checkpoint, repair_published, restore_training_state, save_checkpoint,
+                        check_same_shape, check_vocabulary, gather_rng_states, kept_step, load_checkpoint,
+                        load_pretrained, publish_checkpoint, repair_published, restore_training_state, save_checkpoint,
                         take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
                     excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0, peak_flops, raise_held,
@@ -146,14 +146,21 @@ RESUME_SAME = ("init_from", "overwrite", "eval_only", "dry_run", "out_dir", *SHA
 RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv", "eval.json", "plot.png")  # a run's results
 
 
-def check_new_run(out_dir: str, overwrite: bool) -> list[str]:
+def check_new_run(out_dir: str, overwrite: bool, init_from: str) -> list[str]:
     """A new run (not a resume) into out_dir: refused when an earlier run's results are there (checkpoints,
-    metrics, summary, ...), unless overwrite; returns those files, which the new run then deletes."""
-    old = [f for f in sorted(os.listdir(out_dir)) if f in RUN_FILES or (f.startswith("ckpt_") and f.endswith(".pt"))]
+    metrics, summary, ...), unless overwrite, and then still refused when init_from is one of them; returns
+    those files, which the new run then deletes. A checkpoint copy the user named (ckpt_before_lr_change.pt)
+    is not the run's."""
+    old = [f for f in sorted(os.listdir(out_dir)) if f in RUN_FILES or kept_step(f) >= 0]
     if old and not overwrite:
         resume = "continue it with --init_from=resume, " if "ckpt.pt" in old else "it has no ckpt.pt to resume: "
         raise UserError(f"out_dir {out_dir} already holds a run ({', '.join(old[:4])}{', ...' if len(old) > 4 else ''}): "
                         f"{resume}choose another out_dir, or pass --overwrite=True to replace that run")
+    starts_from = [f for f in old if os.path.isfile(init_from) and os.path.samefile(init_from, os.path.join(out_dir, f))]
+    if starts_from:
+        raise UserError(f"init_from={init_from} is {starts_from[0]} of the run that --overwrite=True replaces, and "
+                        "would be deleted before the new run saves anything: copy it out of out_dir (or to a name of "
+                        "your own, such as ckpt_start.pt) and start from the copy")
     return old
 
 
@@ -493,7 +500,7 @@ if __name__ == "__main__":
 
     # ---- the run's files are written only now that every input has been checked (a resume's repair above only
     # finishes the last save of the run)
-    stale_files = on_rank0(lambda: check_new_run(out_dir, overwrite) if init_from != "resume" else [], rank, world_size)
+    stale_files = on_rank0(lambda: check_new_run(out_dir, overwrite, init_from) if init_from != "resume" else [], rank, world_size)
     wandb_run_id = report.start(
         config, dict(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
                      tokens_per_iter=tokens_per_iter, start_iter=iter_num),

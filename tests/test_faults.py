@@ -425,9 +425,12 @@ def test_overwrite_replaces_the_earlier_run_whole(char_data, tmp_path):
     out = str(tmp_path / "out")
     assert run_script("train.py", *args_for(char_data, out, max_iters=8, keep_last_n=3), cwd=str(tmp_path)).returncode == 0
     assert {"ckpt_0000004.pt", "ckpt_0000008.pt", "best.pt"} <= set(os.listdir(out))
-    result = run_script("train.py", *args_for(char_data, out, max_iters=4, overwrite=True), cwd=str(tmp_path))
+    mine = os.path.join(out, "ckpt_before_lr_change.pt")  # a copy the user named: not the run's, so it stays
+    shutil.copy(os.path.join(out, "ckpt.pt"), mine)
+    result = run_script("train.py", *args_for(char_data, out, max_iters=4, overwrite=True, init_from=mine),
+                        cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert not any(f.startswith("ckpt_") for f in os.listdir(out))  # no step checkpoint of the old run is left
+    assert [f for f in os.listdir(out) if f.startswith("ckpt_")] == ["ckpt_before_lr_change.pt"]  # no step checkpoint
     assert max(losses(out)) == 4 and torch.load(os.path.join(out, "best.pt"), weights_only=True)["iter_num"] == 4
 
 

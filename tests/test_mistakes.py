@@ -221,6 +221,8 @@ CASES = [
     # ---- train.py: out_dir
     Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run \(best.pt, ckpt.pt, metrics.csv, summary.json\): "
          r"continue it with --init_from=resume, .*--overwrite=True"),
+    Case("overwrite the run it starts from", "train.py", [*TRAIN, "--init_from={run}/ckpt.pt", "--overwrite=True"],
+         r"init_from=.*run/ckpt.pt is (best|ckpt).pt of the run that --overwrite=True replaces, and would be deleted"),
     Case("new run over results without a checkpoint", "train.py", [*TRAIN, "--out_dir={tmp}/other"],
          r"out_dir .*other already holds a run \(eval.json, metrics.csv\): it has no ckpt.pt to resume: choose another "
          r"out_dir, or pass --overwrite=True",
