@@ -195,6 +195,12 @@ def load(name: str, dropout: float = 0.0) -> GPT:
     if name not in PRETRAINED and not os.path.isdir(name):
         raise UserError(f"unknown pretrained model '{name}': use {', '.join(PRETRAINED)} or a folder saved by "
                         "transformers' save_pretrained")
+    if os.path.isdir(name) and os.path.isfile(os.path.join(name, "ckpt.pt")):  # an export never holds one
+        raise UserError(f"{name} is a training run's folder, not a transformers model: pass --init_from="
+                        f"{os.path.join(name, 'ckpt.pt')} (or, to continue that run, --out_dir={name} --init_from=resume)")
+    if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
+        raise UserError(f"{name} is a folder without config.json, so not a transformers model: give a folder written "
+                        "by export.py or save_pretrained")
     tf = transformers_module()
     try:
         kind = tf.AutoConfig.from_pretrained(name).model_type

@@ -128,6 +128,16 @@ def test_unknown_names_are_refused():
         hf.load("gpt3")
 
 
+def test_a_run_folder_given_as_a_transformers_folder_points_to_its_checkpoint(tmp_path):
+    with pytest.raises(UserError, match=rf"{tmp_path} is a folder without config.json, so not a transformers model"):
+        hf.load(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")  # a run's folder has a config.json too: the run's settings
+    (tmp_path / "ckpt.pt").write_bytes(b"weights")
+    with pytest.raises(UserError, match=rf"{tmp_path} is a training run's folder, not a transformers model: pass "
+                                        rf"--init_from={tmp_path}/ckpt.pt"):
+        hf.load(str(tmp_path))
+
+
 def test_gpt2_tokenizer_files_encode_and_decode_as_tiktoken(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOGPT_GPT2_TIKTOKEN", gpt2_rank_file())
     from tokenizer import gpt2_encoding

@@ -221,6 +221,8 @@ CASES = [
     # ---- train.py: out_dir
     Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run \(best.pt, ckpt.pt, metrics.csv, summary.json\): "
          r"continue it with --init_from=resume, .*--overwrite=True"),
+    Case("init_from a run's folder", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--init_from={run}"],
+         r"run is a training run's folder, not a transformers model: pass --init_from=.*run/ckpt.pt"),
     Case("overwrite the run it starts from", "train.py", [*TRAIN, "--init_from={run}/ckpt.pt", "--overwrite=True"],
          r"init_from=.*run/ckpt.pt is (best|ckpt).pt of the run that --overwrite=True replaces, and would be deleted"),
     Case("new run over results without a checkpoint", "train.py", [*TRAIN, "--out_dir={tmp}/other"],
