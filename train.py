@@ -501,13 +501,13 @@ if __name__ == "__main__":
     # ---- the run's files are written only now that every input has been checked (a resume's repair above only
     # finishes the last save of the run)
     stale_files = on_rank0(lambda: check_new_run(out_dir, overwrite, init_from) if init_from != "resume" else [], rank, world_size)
-    wandb_run_id = report.start(
+    wandb_run_id = on_rank0(lambda: report.start(  # its checks (metrics.csv, wandb's start) stop every rank
         config, dict(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
                      tokens_per_iter=tokens_per_iter, start_iter=iter_num),
         # a resumed run drops rows logged after its checkpoint; a new run starts a new log
         truncate_at=iter_num if init_from == "resume" else -1,
         wandb_settings=dict(project=wandb_project, name=wandb_run_name, id=wandb_run_id) if wandb_log else None,
-    ) or wandb_run_id
+    ), rank, world_size) or wandb_run_id
     if master_process:  # with overwrite=True, the earlier run's checkpoints and results go (start emptied metrics.csv)
         for name in stale_files:
             if name != "metrics.csv":

@@ -237,17 +237,23 @@ def test_a_ddp_rank_killed_makes_the_other_exit(char_data, tmp_path):
     assert proc.returncode != 0 and time.time() - t0 < 90
 
 
-def test_a_check_only_rank_0_makes_stops_every_ddp_rank_with_its_line(char_data, tmp_path):
-    """Only rank 0 looks at out_dir: its refusal reaches rank 1 as the same line, not as a traceback from a
-    collective that rank 0 never joined. The earlier run's files stay as they were."""
+@pytest.mark.parametrize("check", ["new run over a run", "resume over a damaged metrics.csv"])
+def test_a_check_only_rank_0_makes_stops_every_ddp_rank_with_its_line(char_data, tmp_path, check):
+    """Only rank 0 looks at out_dir and metrics.csv: its refusal reaches rank 1 as the same line, not as a
+    traceback from a collective that rank 0 never joined. The earlier run's files stay as they were."""
     out = str(tmp_path / "out")
     assert run_script("train.py", *args_for(char_data, out, max_iters=2, eval_interval=2), cwd=str(tmp_path)).returncode == 0
+    resume = check == "resume over a damaged metrics.csv"
+    if resume:
+        with open(os.path.join(out, "metrics.csv"), "a") as f:
+            f.write("x,1,2\n")
     before = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
-    proc = torchrun(2, *args_for(char_data, out, backend="gloo", max_iters=4))
+    proc = torchrun(2, *args_for(char_data, out, backend="gloo", max_iters=4, init_from="resume" if resume else "scratch"))
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
+    line = r"metrics.csv line \d+ is damaged" if resume else r"out_dir .* already holds a run"
     for rank in (0, 1):
-        assert re.search(rf"^\[rank{rank}\]: error: out_dir .* already holds a run", stderr, re.M), stderr
+        assert re.search(rf"^\[rank{rank}\]: error: .*{line}", stderr, re.M), stderr
     assert "[rank1]: Traceback" not in stderr and "[rank0]: Traceback" not in stderr
     assert {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)} == before
 
