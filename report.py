@@ -131,7 +131,9 @@ class Reporter:
             self.samples = truncate_samples(self.out_dir, truncate_at)  # so wandb's table goes on with the earlier ones
         return run_id
 
-    def eval(self, it: int, tokens: int, lr: float, losses: dict):
+    def eval(self, it: int, tokens: int, losses: dict):
+        """An eval's losses. It logs no learning rate: the step row of the same iter has the rate that made
+        these weights, where the rate about to be used would give one iter two rates."""
         if not self.active:
             return
         hellaswag = losses.get("hellaswag")  # acc_norm, at the evals that score it
@@ -141,9 +143,9 @@ class Reporter:
         else:
             print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                   + (f", hellaswag acc_norm {hellaswag:.4f}" if hellaswag is not None else ""))
-        metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "lr": lr, "val_loss": losses["val"],
+        metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "val_loss": losses["val"],
                                           "train_eval_loss": losses["train"], "hellaswag": hellaswag})
-        self.wandb.log({"iter": it, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr,
+        self.wandb.log({"iter": it, "train/loss": losses["train"], "val/loss": losses["val"],
                         **({"hellaswag/acc_norm": hellaswag} if hellaswag is not None else {})}, step=it)
 
     def eval_only(self, result: dict):

@@ -543,7 +543,7 @@ if __name__ == "__main__":
             evals_done = -(-iter_num // eval_interval) + 1  # counting iter 0's; from the step, so a resume keeps the schedule
             if hellaswag and evals_done % hellaswag_interval == 0:  # the uncompiled model: items vary in length
                 losses["hellaswag"] = score(raw_model, *hellaswag, device, ctx, rank, world_size)["acc_norm"]
-            report.eval(iter_num, tokens_seen, lr, losses)
+            report.eval(iter_num, tokens_seen, losses)
             final = iter_num >= max_iters  # always saved, so a finished run is known as one and resumes as nothing
             if iter_num > 0 and math.isfinite(losses["val"]) and (improved or always_save_checkpoint or final):
                 save(evaluated=True, improved=improved)

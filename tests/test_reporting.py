@@ -257,7 +257,7 @@ def test_a_nan_loss_is_null_in_the_json_log_and_files_which_strict_parsers_read(
         return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
     nan = float("nan")
     reporter = Reporter(str(tmp_path), "json", active=True)
-    reporter.eval(10, 1000, 1e-3, {"train": nan, "val": float("inf")})
+    reporter.eval(10, 1000, {"train": nan, "val": float("inf")})
     reporter.step(11, 20, 1100, nan, 1e-3, float("inf"), 0.1, 100.0, None, 5.0, 11, 5.0)
     reporter.summary(dict(iters=11, tokens=1100, final_train_loss=nan, final_val_loss=float("-inf"), best_val_loss=None,
                           best_iter=None, final_loss_iter=10, wall_time_s=5.0, mean_tokens_per_sec=100.0, mean_mfu=None,

@@ -30,6 +30,8 @@ def test_short_run_lowers_loss_and_writes_checkpoint_metrics_and_config(char_dat
     assert val[0] == pytest.approx(math.log(vocab_size), abs=0.3) and val[-1] < val[0] - 0.5
     losses = step_losses(rows)
     assert sorted(losses) == list(range(1, 41))  # exactly max_iters optimizer steps
+    rates = [(int(r["iter"]), r["lr"]) for r in rows if r["lr"]]
+    assert [it for it, _ in rates] == list(range(1, 41))  # one rate per iter, the step's: eval rows give none
     assert int(rows[-1]["tokens"]) == 40 * 2 * 8 * 32
 
     checkpoint = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
