@@ -199,8 +199,8 @@ def larger_than_cache(n_bytes: int, ram: int | None) -> bool:
     return ram is not None and n_bytes > ram // 2
 
 
-def load_dataset(dataset: str, block_size: int) -> dict:
-    """A dataset's token files, checked: {'dir', 'dtype', 'vocab_size' (None if unknown), 'max_token_id',
+def load_dataset(dataset: str, block_size: int | None) -> dict:
+    """A dataset's token files, checked (against block_size with check_block_size, unless None): {'dir', 'dtype', 'vocab_size' (None if unknown), 'max_token_id',
     'vocabulary' ({'tokenizer', 'chars'}, None where unknown), 'splits': {'train': [(path, n_tokens), ...],
     'val': [...]}, 'random_access': whether to read them so (see larger_than_cache)}. meta.json (written by
     data/prepare.py) gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and
@@ -224,16 +224,25 @@ def load_dataset(dataset: str, block_size: int) -> dict:
         if expected is not None and counts != expected[split]:
             raise UserError(f"{split} files in {data_dir} hold {counts} tokens but meta.json says {expected[split]}: "
                             "prepare the dataset again")
-        if not paths or max(counts) <= block_size:
-            raise UserError(f"block_size {block_size} is not shorter than the {split} split of {data_dir} "
-                            f"({max(counts, default=0)} tokens in its longest file): lower block_size or add data")
-        splits[split] = list(zip(paths, counts))
+        splits[split] = list(zip(paths, counts))  # never empty: meta_problem requires a file per split
     if max_id is None:
         max_id = max_token_id(files["train"] + files["val"], dtype)
     n_bytes = sum(n for split in splits.values() for _, n in split) * dtype.itemsize
-    return {"dir": data_dir, "dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id,
+    data = {"dir": data_dir, "dtype": dtype, "vocab_size": vocab_size, "max_token_id": max_id,
             "vocabulary": vocabulary_of(meta, pkl), "splits": splits,
             "random_access": larger_than_cache(n_bytes, ram_bytes())}
+    if block_size is not None:
+        check_block_size(data, block_size)
+    return data
+
+
+def check_block_size(data: dict, block_size: int):
+    """Each split of a loaded dataset must have a file longer than block_size, to draw a window plus its target."""
+    for split, files in data["splits"].items():
+        longest = max(n for _, n in files)
+        if longest <= block_size:
+            raise UserError(f"block_size {block_size} is not shorter than the {split} split of {data['dir']} "
+                            f"({longest} tokens in its longest file): lower block_size or add data")
 
 
 EVAL_STREAM = 2**32  # first element of evaluation batch keys; training keys start with the (smaller) seed

@@ -33,8 +33,8 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, chec
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
                     excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0, peak_flops, raise_held,
                     resolve_dtype, setup_distributed)
-from dataset import (Prefetcher, data_change, eval_key, get_batch, load_dataset, model_vocab_size, read_batch, seed_from,
-                     token_files)
+from dataset import (Prefetcher, check_block_size, data_change, eval_key, get_batch, load_dataset, model_vocab_size,
+                     read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
 from memory import check_fits, describe, free_bytes, largest_batch, plan
@@ -324,8 +324,10 @@ if __name__ == "__main__":
     torch.backends.cudnn.allow_tf32 = True
     ctx = autocast_context(device_type, dtype)
 
-    # ---- data
-    data = load_dataset(dataset, block_size)
+    # ---- data (a run from a model's weights without a block_size of its own takes the model's context, which
+    # may be shorter: its splits are checked against it once the model is loaded, below)
+    context_known = init_from in ("scratch", "resume") or block_size != config_defaults["block_size"]
+    data = load_dataset(dataset, block_size if context_known else None)
     report.print(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
                  f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
                  f"vocab_size {data['vocab_size'] or 'unknown'}" + ("; more than half this machine's RAM, so its windows "
@@ -388,6 +390,8 @@ if __name__ == "__main__":
     elif block_size > model.config.block_size:
         raise UserError(f"block_size {block_size} is longer than {init_from}'s context of {model.config.block_size}: "
                         f"use --block_size={model.config.block_size} or less")
+    if not context_known:
+        check_block_size(data, block_size)
     if data["max_token_id"] >= model.config.vocab_size:
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")

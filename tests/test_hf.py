@@ -271,6 +271,23 @@ def test_a_run_from_a_checkpoint_takes_and_records_its_shape_and_refuses_another
 
 
 @pytest.mark.slow
+def test_a_run_from_a_checkpoint_checks_its_data_against_the_models_context_not_the_default(run, tmp_path):
+    import numpy as np
+    short = tmp_path / "short"  # nanoGPT's layout, val shorter than the default block_size of 1024
+    short.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 5000), ("val", 500)):
+        rng.integers(0, 60, n, dtype=np.uint16).tofile(short / f"{split}.bin")
+    flags = ["--device=cpu", "--compile=False", "--eval_iters=1", "--batch_size=2", "--wandb_log=False",
+             f"--dataset={short}", f"--init_from={run}/ckpt.pt"]
+    evaluated = run_script("train.py", *flags, "--eval_only=True", f"--out_dir={tmp_path / 'a'}", cwd=str(tmp_path))
+    assert evaluated.returncode == 0, evaluated.stderr  # the model's context, 32, is what the run takes
+    refused = run_script("train.py", *flags, "--block_size=600", "--eval_only=True", f"--out_dir={tmp_path / 'b'}",
+                         cwd=str(tmp_path))
+    assert refused.returncode != 0 and "block_size 600 is not shorter than the val split" in refused.stderr
+
+
+@pytest.mark.slow
 def test_an_exported_folder_is_an_init_from_that_trains(run, char_data, tmp_path):
     folder = str(tmp_path / "hf")
     model, vocab = load_trained("resume", os.path.join(run, "ckpt.pt"))
