@@ -128,6 +128,9 @@ def check_writable(out_dir: str):
     """Make sure out_dir can be created or written, without creating it or touching any file in it."""
     existing = out_dir
     while not os.path.exists(existing):  # the nearest folder that exists decides whether out_dir can be made
+        if os.path.islink(existing):  # a link to nothing, such as a scratch disk that is not mounted
+            raise UserError(f"out_dir {out_dir}: {existing} is a link to {os.readlink(existing)}, which does not exist: "
+                            "mount or create its target, or choose another out_dir")
         existing = os.path.dirname(os.path.abspath(existing))
     try:
         if not os.path.isdir(existing):

@@ -221,6 +221,9 @@ CASES = [
     # ---- train.py: out_dir
     Case("scratch over a run", "train.py", TRAIN, r"out_dir .* already holds a run \(best.pt, ckpt.pt, metrics.csv, summary.json\): "
          r"continue it with --init_from=resume, .*--overwrite=True"),
+    Case("out_dir a dangling link", "train.py", [*TRAIN, "--out_dir={tmp}/scratch/run"],
+         r"out_dir .*scratch/run: .*scratch is a link to .*unmounted, which does not exist: mount or create its target",
+         setup=lambda tmp, run, data: os.symlink(os.path.join(tmp, "unmounted"), os.path.join(tmp, "scratch"))),
     Case("init_from a run's folder", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--init_from={run}"],
          r"run is a training run's folder, not a transformers model: pass --init_from=.*run/ckpt.pt"),
     Case("overwrite the run it starts from", "train.py", [*TRAIN, "--init_from={run}/ckpt.pt", "--overwrite=True"],
