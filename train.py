@@ -109,7 +109,7 @@ lr_decay_iters = 600000  # steps until the schedule reaches min_lr; about max_it
 min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla [0 <= min_lr and (min_lr <= learning_rate or not decay_lr)]
 # ---- system
 parallelism = "ddp"  # with several processes: 'ddp' (each holds the whole model and optimizer) or 'fsdp' (FSDP2: each holds 1/world_size of the weights, gradients and optimizer state; a block's weights are gathered as it runs) [parallelism in ('ddp', 'fsdp')]
-backend = "auto"  # DDP backend: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'nccl', 'gloo')]
+backend = "auto"  # DDP backend: 'nccl' (CUDA only), 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'gloo') or (backend == 'nccl' and device.startswith('cuda'))]
 ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails [ddp_timeout > 0]
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
