@@ -316,12 +316,6 @@ if __name__ == "__main__":
                             "set them to 0, and sample or evaluate the checkpoint with sample.py or eval.py")
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
     report.print(f"world size {world_size}, device {device}, dtype {dtype}")
-    report.print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
-    if checkpoint is not None:  # a resume takes this command's settings: say which differ from the run's own
-        changed = [f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in config.items()
-                   if k not in RESUME_SAME and checkpoint["config"].get(k, v) != v]
-        if changed:
-            report.print("resumed with settings other than the run's: " + ", ".join(changed))
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -414,6 +408,13 @@ if __name__ == "__main__":
                             "with --dry_run=True)")
         config["batch_size"] = planned["batch_size"] = batch_size  # what config.json and checkpoints record
         report.print(f"batch_size auto: {batch_size} sequences per micro-step")
+    # here, once the model's shape (from init_from) and batch_size='auto' are settled: the config trained
+    report.print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
+    if checkpoint is not None:  # a resume takes this command's settings: say which differ from the run's own
+        changed = [f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in config.items()
+                   if k not in RESUME_SAME and checkpoint["config"].get(k, v) != v]
+        if changed:
+            report.print("resumed with settings other than the run's: " + ", ".join(changed))
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     report.print(f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps x "
                  f"{batch_size} sequences x {block_size} tokens)")

@@ -265,6 +265,8 @@ def test_a_run_from_a_checkpoint_takes_and_records_its_shape_and_refuses_another
     assert {k: config[k] for k in ("n_layer", "n_head", "n_embd", "bias")} == {k: saved[k] for k in
                                                                               ("n_layer", "n_head", "n_embd", "bias")}
     assert config["block_size"] == 16  # cropped from the checkpoint's 32, as asked
+    printed = next(line for line in trained.stdout.splitlines() if line.startswith("config: "))
+    assert f"n_layer={saved['n_layer']}," in printed and "block_size=16," in printed  # the model trained, not the defaults
     refused = run_script("train.py", *flags, "--n_layer=3", f"--out_dir={tmp_path / 'b'}", cwd=str(tmp_path))
     assert refused.returncode != 0
     assert f"init_from={run}/ckpt.pt is a model of another shape: n_layer=3 (" in refused.stderr
