@@ -8,7 +8,6 @@ Samples text from a trained model (out_dir/ckpt.pt) or from OpenAI's GPT-2 weigh
 Text is decoded with the characters the checkpoint was trained on when it is a character model, else with
 GPT-2's BPE.
 """
-import os
 import sys
 
 import torch

@@ -229,7 +229,7 @@ def test_bench_compares_several_configs_in_one_process_and_leaves_out_one_that_f
     assert re.search(r"^round 2/2: A [\d.]+ ms/iter, B1 [\d.]+ ms/iter, B3 [\d.]+ ms/iter$", result.stdout, re.M)
     chosen = int(re.search(r"^batch_size auto: (\d+) sequences", result.stdout, re.M)[1])
     assert chosen >= 4 and chosen & (chosen - 1) == 0  # a power of two, from the host's free memory
-    assert re.search(rf"^B3: .* tokens/s .*\nB1/A tokens/s: [\d.]+x .*\nB3/A tokens/s: [\d.]+x", result.stdout, re.M)
+    assert re.search(r"^B3: .* tokens/s .*\nB1/A tokens/s: [\d.]+x .*\nB3/A tokens/s: [\d.]+x", result.stdout, re.M)
 
 
 def test_bench_compare_stopped_by_sigterm_reports_the_rounds_it_timed(tmp_path):
