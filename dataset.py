@@ -200,11 +200,11 @@ def larger_than_cache(n_bytes: int, ram: int | None) -> bool:
 
 
 def load_dataset(dataset: str, block_size: int | None) -> dict:
-    """A dataset's token files, checked (against block_size with check_block_size, unless None): {'dir', 'dtype', 'vocab_size' (None if unknown), 'max_token_id',
-    'vocabulary' ({'tokenizer', 'chars'}, None where unknown), 'splits': {'train': [(path, n_tokens), ...],
-    'val': [...]}, 'random_access': whether to read them so (see larger_than_cache)}. meta.json (written by
-    data/prepare.py) gives the dtype, vocabulary and shard files; without it, nanoGPT's layout: train.bin and
-    val.bin as uint16, with the vocabulary from meta.pkl if there is one."""
+    """A dataset's token files, checked (and against block_size, unless None: check_block_size): {'dir', 'dtype',
+    'vocab_size' (None if unknown), 'max_token_id', 'vocabulary' ({'tokenizer', 'chars'}, None where unknown),
+    'splits': {'train': [(path, n_tokens), ...], 'val': [...]}, 'random_access': whether to read them so (see
+    larger_than_cache)}. meta.json (written by data/prepare.py) gives the dtype, vocabulary and shard files;
+    without it, nanoGPT's layout: train.bin and val.bin as uint16, with the vocabulary from meta.pkl if there is one."""
     data_dir = find_dataset(dataset)
     meta, pkl = read_meta(data_dir), None
     if meta is not None:

@@ -508,7 +508,8 @@ if __name__ == "__main__":
 
     # ---- the run's files are written only now that every input has been checked (a resume's repair above only
     # finishes the last save of the run)
-    stale_files = on_rank0(lambda: check_new_run(out_dir, overwrite, init_from) if init_from != "resume" else [], rank, world_size)
+    stale_files = on_rank0(lambda: check_new_run(out_dir, overwrite, init_from) if init_from != "resume" else [],
+                           rank, world_size)
     wandb_run_id = on_rank0(lambda: report.start(  # its checks (metrics.csv, wandb's start) stop every rank
         config, dict(world_size=world_size, device=device, dtype=dtype, parameters=raw_model.get_num_params(),
                      tokens_per_iter=tokens_per_iter, start_iter=iter_num),
