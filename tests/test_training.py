@@ -257,8 +257,10 @@ def test_bench_compare_stopped_while_building_times_one_round_of_the_configs_bui
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--device=cpu", "--compile=False",
                              "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
                              "--vocab_size=64", "--warmup_steps=500", "--num_steps=2", "--rounds=5",
-                             "--compare=--loss_chunk=40; --dropout=0.1"], cwd=str(tmp_path), stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                             # B2 is 8 layers of 128: its 500 warm-up steps take seconds, so the signal finds it in
+                             # them even on a loaded machine (at A's size they took 0.7 s, not always enough)
+                             "--compare=--loss_chunk=40; --n_layer=8 --n_embd=128"], cwd=str(tmp_path),
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines = []
     for line in proc.stdout:
         lines.append(line)
