@@ -25,6 +25,13 @@ def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
     return series
 
 
+def run_labels(out_dirs: list[str]) -> list[str]:
+    """A legend label per run: its folder's name, or its path where two runs' folders share a name (out-a/out and
+    out-b/out)."""
+    names = [os.path.basename(os.path.normpath(d)) for d in out_dirs]
+    return [name if names.count(name) == 1 else os.path.normpath(d) for name, d in zip(names, out_dirs)]
+
+
 def smooth(values: list[float], weight: float) -> list[float]:
     """Exponential moving average, debiased like TensorBoard's, so early points are not pulled to zero."""
     out, avg = [], 0.0
@@ -50,14 +57,17 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError("plot.py needs matplotlib: pip install matplotlib") from None
-    runs = {os.path.basename(os.path.normpath(d)): read_metrics(d) for d in out_dirs}
+    runs = list(zip(run_labels(out_dirs), map(read_metrics, out_dirs)))
+    for d, (_, series) in zip(out_dirs, runs):
+        if not series:  # a header and no whole row: a run killed during its first append
+            raise UserError(f"{metrics.metrics_path(d)} has no rows yet: nothing to plot")
     panels = [("loss", "loss (train: smoothed line, val: large markers)"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
               ("tokens_per_sec", "tokens/s"), ("mfu", "MFU")]
-    panels = [p for p in panels if any(p[0] in s or (p[0] == "loss" and "val_loss" in s) for s in runs.values())]
+    panels = [p for p in panels if any(p[0] in s or (p[0] == "loss" and "val_loss" in s) for _, s in runs)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels) + 0.6), sharex=True, squeeze=False)
     colors = line_colors(len(runs), plt.rcParams["axes.prop_cycle"].by_key()["color"], matplotlib.colormaps["turbo"])
     for (column, title), ax in zip(panels, axes[:, 0]):
-        for i, (name, series) in enumerate(runs.items()):
+        for i, (name, series) in enumerate(runs):
             color = colors[i]
             if column in series:
                 x, y = zip(*series[column])

@@ -35,6 +35,22 @@ def test_plot_gives_every_train_and_val_line_its_own_colour_however_many_runs():
         assert len(colors) == len(set(colors)) == 2 * n_runs, n_runs
 
 
+def test_plot_labels_runs_by_folder_name_and_by_path_where_names_collide():
+    from plot import run_labels
+    assert run_labels(["runs/a/", "runs/b"]) == ["a", "b"]
+    assert run_labels(["sweep/lr1/out", "sweep/lr2/out", "base"]) == ["sweep/lr1/out", "sweep/lr2/out", "base"]
+
+
+def test_plot_of_a_metrics_file_with_a_header_and_no_rows_is_a_one_line_error(tmp_path):
+    import metrics
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.csv").write_text(",".join(metrics.COLUMNS) + "\n1,8,4.2")  # the first row torn
+    result = run_script("plot.py", str(tmp_path / "run"), cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'run' / 'metrics.csv'} has no rows yet: "
+                                                  "nothing to plot"]
+
+
 def test_plot_smoothing_is_debiased():
     from plot import smooth
     assert smooth([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])
