@@ -87,12 +87,14 @@ def saved_bytes(config: GPTConfig, batch_size: int, dtype: torch.dtype, fused_at
 
 
 def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: int, parallelism: str,
-         activation_checkpointing: bool, device_type: str) -> dict:
+         activation_checkpointing: bool, device_type: str, micro_steps: int = 1) -> dict:
     """Bytes per device: weights, gradients, DDP's gradient buckets, optimizer state and activations of one
     micro-batch (with checkpointing: each block's input, plus one block's full activations while it is
     recomputed), and their total. Weights, gradients and optimizer state are fp32 whatever dtype is: autocast
     computes in 16 bits from fp32 weights. Under FSDP each process holds 1/world_size of those three, plus
-    the gathered weights of the block that runs and the next one."""
+    the gathered weights of the block that runs and the next one; but with micro_steps > 1 (this process's
+    micro-steps per step) train.py reduce-scatters only on the last, so until then it holds every gradient
+    whole and every block's weights gathered."""
     config = model.config
     n_params = sum(p.numel() for p in model.parameters())
     fp = getattr(torch, dtype)
@@ -118,8 +120,9 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
         state = 4 * ADAM_STATES * n_params
     if world_size > 1 and parallelism == "fsdp":
         block = sum(p.numel() for p in model.transformer.h[0].parameters())
-        parts = {"weights": 4 * n_params // world_size, "gradients": 4 * n_params // world_size,
-                 "gathered_blocks": 2 * block * fp.itemsize, "optimizer": state // world_size}
+        whole = micro_steps > 1
+        parts = {"weights": 4 * n_params // world_size, "gradients": 4 * n_params // (1 if whole else world_size),
+                 "gathered_blocks": (n_params if whole else 2 * block) * fp.itemsize, "optimizer": state // world_size}
     else:
         parts = {"weights": 4 * n_params, "gradients": 4 * n_params,
                  "ddp_buckets": 4 * n_params if world_size > 1 else 0, "optimizer": state}
