@@ -4,10 +4,13 @@
 # First run: python data/openwebtext/prepare.py. On 8 GPUs of 80 GB:
 #   torchrun --standalone --nproc_per_node=8 train.py config/train_llama_1b.py
 #
-# Estimates, not yet measured: weights, gradients and AdamW state in fp32 take 16 bytes per parameter,
-# 22.7 GB on every GPU under DDP (which replicates them), and the activations of one 8 x 2048 micro-batch
-# in bf16 with flash attention about 27 GB more: about 50 GB per GPU. At 40% MFU on an H100 (989 TFLOP/s
-# bf16) one GPU does about 40,000 tokens/s, so 8 do about 330,000: 45B tokens in about 38 hours.
+# Estimates, not yet measured. Memory, from the memory plan (`--dry_run=True` prints it): weights, gradients
+# and AdamW state in fp32 take 16 bytes per parameter, 22.7 GB on every GPU under DDP (which replicates
+# them), DDP's gradient buckets 5.7 GB, and the activations of one 8 x 2048 micro-batch in bf16 50.0 GB:
+# 78.4 GB (73.1 GiB) per GPU, which fits an 80 GB GPU with little room. With less memory:
+# --batch_size=4 --gradient_accumulation_steps=64 (the same tokens per step) plans 53.4 GB, and
+# --parallelism=fsdp 60.7 GB. Speed: at 40% MFU on an H100 (989 TFLOP/s bf16) one GPU does about 40,000
+# tokens/s, so 8 do about 330,000: 45B tokens in about 38 hours.
 
 out_dir = "out-llama-1b"
 eval_interval = 1000
