@@ -87,17 +87,25 @@ def saved_bytes(config: GPTConfig, batch_size: int, dtype: torch.dtype, fused_at
 
 
 def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: int, parallelism: str,
-         activation_checkpointing: bool, device_type: str, micro_steps: int = 1) -> dict:
+         activation_checkpointing: bool, device_type: str, micro_steps: int = 1, training: bool = True) -> dict:
     """Bytes per device: weights, gradients, DDP's gradient buckets, optimizer state and activations of one
     micro-batch (with checkpointing: each block's input, plus one block's full activations while it is
     recomputed), and their total. Weights, gradients and optimizer state are fp32 whatever dtype is: autocast
     computes in 16 bits from fp32 weights. Under FSDP each process holds 1/world_size of those three, plus
     the gathered weights of the block that runs and the next one; but with micro_steps > 1 (this process's
     micro-steps per step) train.py reduce-scatters only on the last, so until then it holds every gradient
-    whole and every block's weights gathered."""
+    whole and every block's weights gathered. training=False plans an eval_only run instead: forward passes
+    under no_grad, with nothing saved for backward (eval_activations)."""
     config = model.config
     n_params = sum(p.numel() for p in model.parameters())
     fp = getattr(torch, dtype)
+    fsdp = world_size > 1 and parallelism == "fsdp"
+    block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    if not training:
+        parts = {"weights": 4 * n_params // world_size if fsdp else 4 * n_params,
+                 "gathered_blocks": 2 * block * fp.itemsize if fsdp else 0,
+                 "activations": eval_activations(config, batch_size, fp)}
+        return {**parts, "total": sum(parts.values())}
     fused = device_type == "cuda" or config.dropout == 0  # the CPU's fused kernel has no dropout: math path
     (one, largest), (two, _) = (saved_bytes(dataclasses.replace(config, n_layer=n), batch_size, fp, fused)
                                 for n in (1, 2))
@@ -118,8 +126,7 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
         state = 4 * (matrices + ADAM_STATES * (n_params - matrices))
     else:
         state = 4 * ADAM_STATES * n_params
-    if world_size > 1 and parallelism == "fsdp":
-        block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    if fsdp:
         whole = micro_steps > 1
         parts = {"weights": 4 * n_params // world_size, "gradients": 4 * n_params // (1 if whole else world_size),
                  "gathered_blocks": (n_params if whole else 2 * block) * fp.itemsize, "optimizer": state // world_size}
@@ -128,6 +135,18 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
                  "ddp_buckets": 4 * n_params if world_size > 1 else 0, "optimizer": state}
     parts["activations"] = activations
     return {**parts, "total": sum(parts.values())}
+
+
+def eval_activations(config: GPTConfig, batch_size: int, fp: torch.dtype) -> int:
+    """Bytes a forward pass under no_grad holds at its peak, beyond the weights: nothing is saved for backward,
+    so the peak is one block's transients (the MLP's two hidden tensors, a few of the residual stream's) or, if
+    larger, the logits (a loss_chunk's rows at a time, if set) with autocast's fp32 copy and the fp32
+    log-softmax beside them (checked against the measured peak on a CPU, tests/test_memory.py)."""
+    rows = batch_size * config.block_size
+    per_logit = fp.itemsize + 4 + (4 if fp.itemsize == 2 else 0)
+    logits = min(config.loss_chunk or rows, rows) * config.vocab_size * per_logit + 4 * rows * config.n_embd * 4
+    in_block = 2 * rows * config.hidden * fp.itemsize + 6 * rows * config.n_embd * 4
+    return max(logits, in_block)
 
 
 def free_bytes(device: str, processes: int = 1) -> int | None:
@@ -171,12 +190,16 @@ def check_fits(parts: dict, free: int | None, model: GPT, settings: dict):
         return
     fits = lambda **change: plan(model, **{**settings, **change})["total"] <= free
     batch_size, world_size = settings["batch_size"], settings["world_size"]
+    training = settings.get("training", True)
     fixes = []
-    smaller = next((b for b in range(batch_size - 1, 0, -1) if batch_size % b == 0 and fits(batch_size=b)), None)
-    if smaller:  # a divisor, so that raising the accumulation keeps the tokens per step exactly
+    smaller = next((b for b in range(batch_size - 1, 0, -1)
+                    if (batch_size % b == 0 or not training) and fits(batch_size=b)), None)
+    if smaller and not training:
+        fixes.append(f"--batch_size={smaller}")
+    elif smaller:  # a divisor, so that raising the accumulation keeps the tokens per step exactly
         fixes.append(f"--batch_size={smaller} with gradient_accumulation_steps raised {batch_size // smaller}x (the "
                      "same tokens per step)")
-    if not settings["activation_checkpointing"] and fits(activation_checkpointing=True):
+    if training and not settings["activation_checkpointing"] and fits(activation_checkpointing=True):
         fixes.append("--activation_checkpointing=True")
     if world_size > 1 and settings["parallelism"] == "ddp" and fits(parallelism="fsdp"):
         fixes.append("--parallelism=fsdp")

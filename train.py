@@ -395,7 +395,7 @@ if __name__ == "__main__":
     # the memory plan: what training will hold per device, checked against what is free before anything is big
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type,
-                   micro_steps=accum_steps)
+                   micro_steps=accum_steps, training=not eval_only)
     free = free_bytes(device, node_processes)
     if batch_size == "auto":
         batch_size = largest_batch(model, planned, free) if free is not None else None

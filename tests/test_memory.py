@@ -80,6 +80,40 @@ def test_the_plan_is_within_20_percent_of_the_measured_peak(arch, checkpointing)
     assert 0.8 < float(out.stdout) < 1.2
 
 
+MEASURE_EVAL = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from model import GPT, GPTConfig
+from memory import plan
+def status(key):
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
+torch.set_num_threads(2)
+x = torch.randint(65, (16, 512))
+base = status("VmRSS")
+model = GPT(GPTConfig(**{config!r})).eval()
+with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled={dtype!r} == "bfloat16"):
+    for _ in range(2):
+        model(x, x)
+peak = status("VmHWM") - base
+print(plan(model, 16, {dtype!r}, "adamw", 1, "ddp", False, "cpu", training=False)["total"] / peak)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the process's memory from Linux's /proc")
+@pytest.mark.parametrize("vocab_size,dtype", [(65, "float32"), (8192, "float32"), (8192, "bfloat16")],
+                         ids=["blocks-fp32", "logits-fp32", "logits-bf16"])
+def test_the_eval_only_plan_is_within_15_percent_of_the_measured_peak(vocab_size, dtype):
+    """eval_only plans forward passes under no_grad: the weights and the larger of a block's transients and the
+    logits with their fp32 log-softmax, not training's gradients, optimizer state and saved activations."""
+    config = dict(SHAPE, vocab_size=vocab_size)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", MEASURE_EVAL.format(root=ROOT, config=config, dtype=dtype)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert 0.85 < float(out.stdout) < 1.15
+
+
 def test_activation_checkpointing_gives_the_same_losses_and_gradients_and_saves_less():
     idx = torch.randint(65, (8, 64))
     models = []
@@ -142,6 +176,20 @@ def test_the_smaller_batch_it_suggests_keeps_the_tokens_per_step():
         check_fits(plan(model, **settings), (totals[5] + totals[6]) // 2, model, settings)  # 5 fits, but 12 = 3 x 4
     with pytest.raises(UserError, match=r"What fits: --batch_size=1 with gradient_accumulation_steps raised 7x"):
         check_fits(plan(model, **{**settings, "batch_size": 7}), totals[4], model, {**settings, "batch_size": 7})
+
+
+def test_eval_only_is_planned_without_training_state_and_told_to_shrink_the_batch_alone():
+    from common import UserError
+    from memory import check_fits
+    model = GPT(GPTConfig(**SHAPE))
+    settings = dict(batch_size=12, dtype="float32", optimizer="adamw", world_size=1, parallelism="ddp",
+                    activation_checkpointing=False, device_type="cpu", training=False)
+    evaluating, training = plan(model, **settings), plan(model, **{**settings, "training": True})
+    assert "gradients" not in evaluating and "optimizer" not in evaluating
+    assert evaluating["total"] < training["total"] / 2
+    check_fits(evaluating, training["total"] // 2, model, settings)  # what training could not fit, evaluation does
+    with pytest.raises(UserError, match=r"What fits: --batch_size=11$"):  # no accumulation: evaluation has none
+        check_fits(evaluating, evaluating["total"] - 1, model, settings)
 
 
 def test_largest_batch_is_the_largest_power_of_two_the_plan_fits():
