@@ -568,15 +568,18 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
 
 if __name__ == "__main__":
     sys.excepthook = excepthook
-    config = configurator.configure(config_defaults, sys.argv[1:], __file__, ignored=TRAINING_ONLY)
-    config["device"] = resolve_device(config["device"])
-    if check_device(config["device"]) == "cpu" and config["mode"] == "train":
-        shrunk = {k: v for k, v in CPU_MODEL.items() if config[k] == config_defaults[k]}
-        if shrunk:
-            config.update(shrunk)
-            configurator.check_rules(config, configurator.rules(__file__, config))  # e.g. n_head=6 with n_embd 128
-            print("on a CPU, the model keys left at their defaults are shrunk: "
-                  + ", ".join(f"{k}={v}" for k, v in shrunk.items()))
+    # read once for the device and mode, which pick the defaults: on a CPU, --mode=train's model keys default to
+    # CPU_MODEL, so what a file or flag sets stays, even where it equals GPT-2's default (--n_layer=12)
+    first = configurator.configure(config_defaults, sys.argv[1:], __file__, ignored=TRAINING_ONLY, check=False)
+    device = resolve_device(first["device"])
+    on_cpu = check_device(device) == "cpu" and first["mode"] == "train"
+    config = configurator.configure({**config_defaults, **CPU_MODEL} if on_cpu else config_defaults, sys.argv[1:],
+                                    __file__, ignored=TRAINING_ONLY)
+    config["device"] = device
+    shrunk = {k: config[k] for k in CPU_MODEL if config[k] != first[k]}
+    if shrunk:
+        print("on a CPU, the model keys left at their defaults are shrunk: "
+              + ", ".join(f"{k}={v}" for k, v in shrunk.items()))
     globals().update(config)
     if batch_size == "auto" and mode != "train":
         raise UserError(f"batch_size='auto' plans training memory: give --mode={mode} a number, e.g. --batch_size=12")

@@ -97,11 +97,11 @@ def apply_file(path: str, config: dict, ignored=(), autos=()) -> dict:
     return changed
 
 
-def configure(config: dict, argv: list[str], script: str | None = None, ignored=()) -> dict:
+def configure(config: dict, argv: list[str], script: str | None = None, ignored=(), check: bool = True) -> dict:
     """Return a copy of config with the config files and --key=value flags in argv applied in order, then
-    check the rules of `script`'s settings. Keys in `ignored` (another script's settings that this one has
-    no use for) are accepted and dropped. With --help (or -h) in argv, print the settings of `script`
-    (see describe) and exit."""
+    check the rules of `script`'s settings (unless not `check`: a first reading whose result picks the
+    defaults of the real one). Keys in `ignored` (another script's settings that this one has no use for) are
+    accepted and dropped. With --help (or -h) in argv, print the settings of `script` (see describe) and exit."""
     if script is not None and ("--help" in argv or "-h" in argv):
         print(describe(script, config))
         sys.exit(0)
@@ -118,7 +118,7 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
         if key in ignored:
             continue
         config[key] = _checked(key, parse_value(raw, config.get(key)), config, f"flag '{arg}'", autos)
-    if script is not None:
+    if check:
         check_rules(config, setting_rules)
     return config
 

@@ -400,7 +400,7 @@ CASES = [
     Case("bench vocab too small", "bench.py", ["--device=cpu", "--real_data=True", "--dataset={data}", "--vocab_size=10"],
          r"has token id \d+, out of range for vocab_size 10"),
     Case("bench corpus missing", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/nope.txt"], r"corpus_text .*nope.txt is not a file"),
-    Case("bench n_embd%n_head", "bench.py", ["--device=cpu", "--n_head=5"], r"n_embd=768 is not valid"),
+    Case("bench n_embd%n_head", "bench.py", ["--device=cpu", "--n_head=5", "--n_embd=768"], r"n_embd=768 is not valid"),
 ]
 
 

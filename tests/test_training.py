@@ -190,6 +190,16 @@ def test_bench_reports_time_per_iteration(tmp_path):
     assert "ms/iter" in result.stdout and "tokens/s" in result.stdout
 
 
+def test_bench_on_a_cpu_shrinks_only_the_model_keys_no_file_or_flag_set(tmp_path):
+    config = tmp_path / "deep.py"
+    config.write_text("n_layer = 12  # GPT-2's default, but set: it stays\n")
+    result = run_script("bench.py", str(config), "--device=cpu", "--compile=False", "--n_embd=64", "--vocab_size=128",
+                        "--warmup_steps=1", "--num_steps=1", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "the model keys left at their defaults are shrunk: n_head=4, block_size=64\n" in result.stdout
+    assert "\n0.60M parameters" in result.stdout  # 12 layers of 12 x 64^2 (4 layers would be 0.20M)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bench_times_generation_with_and_without_the_cache(tmp_path, dtype):
     """float32 must give the same tokens both ways; bfloat16, a GPU's default, rounds the two differently, which
