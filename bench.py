@@ -85,7 +85,7 @@ sync_every_step = False  # as in train.py: read each step's skip verdict on the 
 # ---- timing
 warmup_steps = 10  # untimed steps first: compilation, allocator and cache warm-up [warmup_steps >= 0]
 num_steps = 20  # timed steps (per round, with compare) [num_steps > 0]
-compare = ""  # flags for a second config to time against this one, in alternation, e.g. "--compile=False"; prints the speed ratio; several configs separated by ';' are each timed against this one
+compare = ""  # flags for a second config to time against this one, in alternation, e.g. "--compile=False"; prints the speed ratio; several configs separated by ';' are each timed against this one; --mode=train only, and not with --profile [compare == '' or (mode == 'train' and not profile)]
 rounds = 5  # with compare: rounds of num_steps steps of each config in turn; the ratio's spread is over rounds [rounds > 0]
 gen_tokens = 500  # --mode=generate: new tokens per sample, after a one-token prompt [gen_tokens > 0]
 profile = False  # write a torch profiler trace (bench_trace/, for TensorBoard or Perfetto) instead of timing
@@ -113,6 +113,9 @@ TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval
                  "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "parallelism", "backend", "ddp_timeout")
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias", "dropout", "loss_chunk", "activation_checkpointing", "pos_emb",
               "rope_theta", "norm", "mlp", "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")  # settings that go to GPTConfig as they are
+# settings of the timing itself, the same for every config of a --compare
+HOW_TO_TIME = ("mode", "warmup_steps", "num_steps", "compare", "rounds", "gen_tokens", "profile", "token_file_tokens",
+               "corpus_text", "corpus_mb", "gpt2_tiktoken")
 # GPT-2 124M at 12 x 1024 takes minutes per step on a CPU; there, --mode=train's model keys left at their defaults
 # take these
 CPU_MODEL = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
@@ -467,6 +470,10 @@ def variants_of(config: dict, compare: str) -> dict[str, dict]:
             flags = shlex.split(text)
         except ValueError as e:
             raise UserError(f"compare={compare!r} cannot be read as flags ({e}): e.g. --compare=\"--compile=False\"") from None
+        fixed = [k for k in HOW_TO_TIME if any(f.startswith(f"--{k}=") for f in flags)]
+        if fixed:
+            raise UserError(f"compare={compare!r}: {text.strip()!r} sets {', '.join(fixed)}, which say how every config "
+                            "is timed, not what one costs: set them outside --compare")
         other = configurator.configure(config, flags, __file__, ignored=TRAINING_ONLY)
         if other == config:
             raise UserError(f"compare={compare!r}: {text.strip()!r} changes no setting: give flags such as "
