@@ -63,7 +63,13 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, keep: b
         whole = t.full_tensor()
         return whole.cpu() if keep else None
 
-    model_state = {k: gathered(v) for k, v in model.state_dict().items()}
+    first = {}  # every name of a parameter -> its first: a tied weight (wte and lm_head) is gathered and kept once,
+    seen = {}   # as a plain state_dict shares it (named by structure, so every rank makes the same gathers)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        first[name] = seen.setdefault(id(p), name)
+    model_state = {}
+    for k, v in model.state_dict().items():
+        model_state[k] = model_state[first[k]] if first.get(k, k) != k else gathered(v)
     optimizer_state = optimizer.state_dict()
     optimizer_state = {**optimizer_state, "state": {i: {k: gathered(v) for k, v in s.items()}
                                                     for i, s in optimizer_state["state"].items()}}

@@ -1,8 +1,10 @@
 """parallelism='fsdp' (FSDP2, sharding.py) on 2 gloo processes: the same steps as DDP, and checkpoints that
 move between FSDP, DDP and one process."""
+import os
 import shutil
 
 import pytest
+import torch
 
 from conftest import ROOT, char_vocab_size, read_metrics, run_script, step_losses, tiny_args
 from memory import plan
@@ -27,6 +29,10 @@ def test_fsdp_takes_ddps_steps_and_checkpoints_move_between_fsdp_ddp_and_one_pro
     # 2 processes both add the same two numbers, so the steps agree to float rounding (they came out equal here)
     assert sorted(runs["fsdp"][2]) == list(range(1, 17))
     assert all(abs(runs["fsdp"][2][i] - runs["ddp"][2][i]) < 1e-5 for i in runs["ddp"][2])
+    # the same ckpt.pt whatever the layout: the tied embedding and output weight stored once, as one process does
+    for name in ("ddp", "fsdp"):
+        saved = torch.load(os.path.join(tmp_path, name, "ckpt.pt"), map_location="cpu", weights_only=True)["model"]
+        assert saved["transformer.wte.weight"].data_ptr() == saved["lm_head.weight"].data_ptr(), name
     # half a run in one layout, the rest in another, against the whole run in the second layout: one process and
     # two sum gradients in another order, hence a tolerance, far below a step's change
     halves = {}
@@ -68,10 +74,8 @@ def test_the_plan_divides_weights_gradients_and_optimizer_state_among_fsdp_proce
 
 
 def test_sigterm_to_one_fsdp_rank_saves_a_whole_checkpoint_and_stops_both(char_data, tmp_path):
-    import os
     import signal
 
-    import torch
     from test_faults import args_for, torchrun, wait_for_iter, worker_pids
     out = str(tmp_path / "out")
     proc = torchrun(2, *args_for(char_data, out, backend="gloo", max_iters=200, parallelism="fsdp"))
