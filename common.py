@@ -318,3 +318,15 @@ def write_json(path: str, obj: dict):
     """Write obj as strict JSON (json_text), atomically."""
     with atomic_write(path) as f:
         f.write(json_text(obj, indent=2) + "\n")
+
+
+def read_json(path: str, fix: str):
+    """What the JSON file at path holds, or None when there is no such file; a UserError ending in `fix` (what
+    the user should do) when it is not UTF-8 JSON, e.g. torn by a kill or written by something else."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}): {fix}") from None

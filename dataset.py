@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from common import UserError, atomic_write, replace_durably
+from common import UserError, atomic_write, read_json, replace_durably
 
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.json has; readers may need more
 
@@ -46,13 +46,9 @@ def write_meta(out_dir: str, meta: dict):
 def read_meta(data_dir: str) -> dict | None:
     """meta.json of a dataset folder, checked; None when the folder has none (nanoGPT's layout)."""
     path = os.path.join(data_dir, "meta.json")
-    if not os.path.isfile(path):
+    meta = read_json(path, "prepare the dataset again")
+    if meta is None:
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON ({e}): prepare the dataset again") from None
     problem = meta_problem(meta)
     if problem:
         raise UserError(f"{path} {problem}: prepare the dataset again")

@@ -8,12 +8,11 @@ LLaMA, our fused q/k/v and gate/up matrices are split into LLaMA's separate proj
 is already Hugging Face's (rotate-half), so no weight is permuted.
 """
 import dataclasses
-import json
 import os
 
 import torch
 
-from common import UserError
+from common import UserError, read_json
 from model import GPT, GPTConfig
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes on the Hugging Face hub
@@ -225,14 +224,13 @@ def read_vocabulary(folder: str) -> dict | None:
     as write_tokenizer writes one, {'tokenizer': 'gpt2'} for GPT-2's BPE, None when the folder has no
     tokenizer.json. Any other tokenizer is a UserError: the project's data and sampling encode only these two."""
     path = os.path.join(folder, "tokenizer.json")
-    if not os.path.isfile(path):
+    saved = read_json(path, "write the folder again (export.py)")
+    if saved is None:
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
         model = saved["model"]
         ids = {**model["vocab"], **{t["content"]: t["id"] for t in saved.get("added_tokens", [])}}
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+    except (KeyError, TypeError) as e:
         raise UserError(f"{path} is damaged ({e.__class__.__name__}): write the folder again (export.py)") from None
     in_order = sorted(ids, key=ids.get)
     if model.get("type") == "BPE" and not model.get("merges") and all(len(c) == 1 for c in ids) \
