@@ -452,12 +452,13 @@ def figures(run: dict, dt: float, device: str) -> str:
             + (f", MFU {mfu * 100:.1f}%" if mfu is not None else ""))
 
 
-def warm_up(run: dict, steps: int, label: str):
+def warm_up(run: dict, steps: int) -> str:
+    """Run the first steps (compilation included) untimed; the line that says how long they took."""
     t0 = time.perf_counter()
     for i in range(steps):
         run["step"](i)
     synchronize(run["device_type"])
-    print(f"{label}warm-up: {steps} steps in {time.perf_counter() - t0:.1f} s (compilation included)", flush=True)
+    return f"warm-up: {steps} steps in {time.perf_counter() - t0:.1f} s (compilation included)"
 
 
 def variants_of(config: dict, compare: str) -> dict[str, dict]:
@@ -527,8 +528,9 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
 
     def start(label: str, c: dict):
         runs[label], times[label] = build(c), []
-        warm_up(runs[label], warmup_steps, f"{label} ")
-        built.append(label)
+        line = warm_up(runs[label], warmup_steps)
+        built.append(label)  # before the line is printed: a caller may send SIGTERM the moment it reads it
+        print(f"{label} {line}", flush=True)
 
     label = "A"
     try:
@@ -610,7 +612,7 @@ if __name__ == "__main__":
         sys.exit(0)
 
     run = build(config)
-    warm_up(run, warmup_steps, "")
+    print(warm_up(run, warmup_steps), flush=True)
     if run["device_type"] == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     if profile:
