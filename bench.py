@@ -110,7 +110,8 @@ TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval
                  "always_save_checkpoint", "keep_last_n", "max_nonfinite_steps", "init_from", "overwrite",
                  "sample_interval", "sample_prompt", "sample_tokens", "wandb_log", "wandb_project", "wandb_run_name",
                  "hellaswag_interval", "hellaswag_file", "hellaswag_items", "max_iters", "lr_schedule", "cooldown_frac",
-                 "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "parallelism", "backend", "ddp_timeout")
+                 "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "parallelism", "fsdp_reduce", "backend",
+                 "ddp_timeout")
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias", "dropout", "loss_chunk", "activation_checkpointing", "pos_emb",
               "rope_theta", "norm", "mlp", "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")  # settings that go to GPTConfig as they are
 # settings of the timing itself, the same for every config of a --compare

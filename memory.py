@@ -87,14 +87,15 @@ def saved_bytes(config: GPTConfig, batch_size: int, dtype: torch.dtype, fused_at
 
 
 def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: int, parallelism: str,
-         activation_checkpointing: bool, device_type: str, micro_steps: int = 1, training: bool = True) -> dict:
+         activation_checkpointing: bool, device_type: str, micro_steps: int = 1, fsdp_reduce: str = "micro_step",
+         training: bool = True) -> dict:
     """Bytes per device: weights, gradients, DDP's gradient buckets, optimizer state and activations of one
     micro-batch (with checkpointing: each block's input, plus one block's full activations while it is
     recomputed), and their total. Weights, gradients and optimizer state are fp32 whatever dtype is: autocast
     computes in 16 bits from fp32 weights. Under FSDP each process holds 1/world_size of those three, plus
-    the gathered weights of the block that runs and the next one; but with micro_steps > 1 (this process's
-    micro-steps per step) train.py reduce-scatters only on the last, so until then it holds every gradient
-    whole and every block's weights gathered. training=False plans an eval_only run instead: forward passes
+    the gathered weights of the block that runs and the next one; but with fsdp_reduce='step' and
+    micro_steps > 1 (this process's micro-steps per step) train.py reduce-scatters only on the last, so until
+    then it holds every gradient whole and every block's weights gathered. training=False plans an eval_only run instead: forward passes
     under no_grad, with nothing saved for backward (eval_activations)."""
     config = model.config
     n_params = sum(p.numel() for p in model.parameters())
@@ -127,7 +128,7 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
     else:
         state = 4 * ADAM_STATES * n_params
     if fsdp:
-        whole = micro_steps > 1
+        whole = micro_steps > 1 and fsdp_reduce == "step"
         parts = {"weights": 4 * n_params // world_size, "gradients": 4 * n_params // (1 if whole else world_size),
                  "gathered_blocks": (n_params if whole else 2 * block) * fp.itemsize, "optimizer": state // world_size}
     else:
@@ -203,6 +204,9 @@ def check_fits(parts: dict, free: int | None, model: GPT, settings: dict):
         fixes.append("--activation_checkpointing=True")
     if world_size > 1 and settings["parallelism"] == "ddp" and fits(parallelism="fsdp"):
         fixes.append("--parallelism=fsdp")
+    if world_size > 1 and settings["parallelism"] == "fsdp" and settings.get("fsdp_reduce") == "step" \
+            and fits(fsdp_reduce="micro_step"):
+        fixes.append("--fsdp_reduce=micro_step")
     hint = "; ".join(fixes) if fixes else "a smaller model, or more devices"
     raise UserError(f"this run needs about {parts['total'] / GIB:.2f} GiB per device but {free / GIB:.2f} GiB is "
                     f"free ({breakdown(parts)}): it would run out of memory. What fits: {hint}")

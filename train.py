@@ -109,6 +109,7 @@ lr_decay_iters = 600000  # steps until the schedule reaches min_lr; about max_it
 min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla [0 <= min_lr and (min_lr <= learning_rate or not decay_lr)]
 # ---- system
 parallelism = "ddp"  # with several processes: 'ddp' (each holds the whole model and optimizer) or 'fsdp' (FSDP2: each holds 1/world_size of the weights, gradients and optimizer state; a block's weights are gathered as it runs) [parallelism in ('ddp', 'fsdp')]
+fsdp_reduce = "micro_step"  # with parallelism='fsdp' and several micro-steps per process, when gradients are reduce-scattered: 'micro_step' after every micro-step's backward, which then frees the gathered weights (the least memory: 1/world_size of the gradients, two blocks gathered; one more gather and reduce-scatter per micro-step), or 'step' on the last micro-step only, keeping every gradient whole (fp32) and every block gathered until then (one gather and one reduce-scatter per step, at DDP's gradient memory) [fsdp_reduce in ('micro_step', 'step')]
 backend = "auto"  # DDP backend: 'nccl' (CUDA only), 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'gloo') or (backend == 'nccl' and device.startswith('cuda'))]
 ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails [ddp_timeout > 0]
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
@@ -395,7 +396,7 @@ if __name__ == "__main__":
     # the memory plan: what training will hold per device, checked against what is free before anything is big
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type,
-                   micro_steps=accum_steps, training=not eval_only)
+                   micro_steps=accum_steps, fsdp_reduce=fsdp_reduce, training=not eval_only)
     free = free_bytes(device, node_processes)
     if batch_size == "auto":
         batch_size = largest_batch(model, planned, free) if free is not None else None
@@ -568,7 +569,7 @@ if __name__ == "__main__":
         loss_sum = torch.zeros((), device=device)
         for micro_step in range(accum_steps):
             sync = not ddp or micro_step == accum_steps - 1
-            if fsdp:  # reduce-scatter the gradients on the last micro-step only, and keep the gathered weights till then
+            if fsdp and fsdp_reduce == "step":  # reduce-scatter on the last micro-step only; weights stay gathered till then
                 raw_model.set_requires_gradient_sync(sync)
                 raw_model.set_reshard_after_backward(sync)
             with ctx, (nullcontext() if sync or fsdp else model.no_sync()):

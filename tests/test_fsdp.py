@@ -23,12 +23,15 @@ def train(char_data, out, tmp_path, procs, **settings):
 
 def test_fsdp_takes_ddps_steps_and_checkpoints_move_between_fsdp_ddp_and_one_process(char_data, tmp_path):
     runs = {}
-    for name, procs, layout in (("ddp", 2, {}), ("fsdp", 2, {"parallelism": "fsdp"}), ("single", 0, {})):
+    for name, procs, layout in (("ddp", 2, {}), ("fsdp", 2, {"parallelism": "fsdp"}), ("single", 0, {}),
+                                ("fsdp-step", 2, {"parallelism": "fsdp", "fsdp_reduce": "step"})):
         runs[name] = (procs, layout, train(char_data, str(tmp_path / name), tmp_path, procs, max_iters=16, **layout))
-    # the same global batches and the same sums: DDP all-reduces gradients where FSDP reduce-scatters them, and on
-    # 2 processes both add the same two numbers, so the steps agree to float rounding (they came out equal here)
-    assert sorted(runs["fsdp"][2]) == list(range(1, 17))
-    assert all(abs(runs["fsdp"][2][i] - runs["ddp"][2][i]) < 1e-5 for i in runs["ddp"][2])
+    # the same global batches and the same sums: DDP all-reduces gradients where FSDP reduce-scatters them, each
+    # micro-step's (fsdp_reduce='micro_step') or the step's (fsdp_reduce='step'); on 2 processes with 2 micro-steps
+    # each, the sums differ in order only, so the steps agree to float rounding
+    for name in ("fsdp", "fsdp-step"):
+        assert sorted(runs[name][2]) == list(range(1, 17))
+        assert all(abs(runs[name][2][i] - runs["ddp"][2][i]) < 1e-5 for i in runs["ddp"][2]), name
     # the same ckpt.pt whatever the layout: the tied embedding and output weight stored once, as one process does
     for name in ("ddp", "fsdp"):
         saved = torch.load(os.path.join(tmp_path, name, "ckpt.pt"), map_location="cpu", weights_only=True)["model"]
@@ -65,12 +68,15 @@ def test_the_plan_divides_weights_gradients_and_optimizer_state_among_fsdp_proce
     assert ddp["ddp_buckets"] == ddp["weights"] and "ddp_buckets" not in fsdp
     block = sum(p.numel() for p in model.transformer.h[0].parameters())
     assert fsdp["gathered_blocks"] == 2 * block * 4 and fsdp["activations"] == ddp["activations"]
-    # with micro-steps, train.py reduce-scatters on the last one only: till then gradients are whole and every
-    # block stays gathered (measured through FSDP2's own state: 48.2 MiB of each for a 12.64M-parameter model)
-    accumulating = plan(model, 8, "bfloat16", "adamw", 4, "fsdp", False, "cuda", micro_steps=2)
+    # with micro-steps and fsdp_reduce='step', train.py reduce-scatters on the last one only: till then gradients
+    # are whole and every block stays gathered (measured through FSDP2's own state after a first micro-step: 48.2
+    # MiB of each for a 12.64M-parameter model on 2 processes, where fsdp_reduce='micro_step' held a 24.1 MiB shard)
+    accumulating = plan(model, 8, "bfloat16", "adamw", 4, "fsdp", False, "cuda", micro_steps=2, fsdp_reduce="step")
     n_params = sum(p.numel() for p in model.parameters())
     assert accumulating["gradients"] == 4 * n_params and accumulating["gathered_blocks"] == 2 * n_params
     assert accumulating["weights"] == fsdp["weights"] and accumulating["optimizer"] == fsdp["optimizer"]
+    assert plan(model, 8, "bfloat16", "adamw", 4, "fsdp", False, "cuda", micro_steps=2) == \
+        plan(model, 8, "bfloat16", "adamw", 4, "fsdp", False, "cuda")  # the default reduces every micro-step
 
 
 def test_sigterm_to_one_fsdp_rank_saves_a_whole_checkpoint_and_stops_both(char_data, tmp_path):

@@ -178,6 +178,18 @@ def test_the_smaller_batch_it_suggests_keeps_the_tokens_per_step():
         check_fits(plan(model, **{**settings, "batch_size": 7}), totals[4], model, {**settings, "batch_size": 7})
 
 
+def test_an_fsdp_run_that_fits_only_when_reducing_every_micro_step_is_told_so():
+    from common import UserError
+    from memory import check_fits
+    model = GPT(GPTConfig(**SHAPE))
+    settings = dict(batch_size=1, dtype="float32", optimizer="adamw", world_size=4, parallelism="fsdp",
+                    activation_checkpointing=True, device_type="cpu", micro_steps=2, fsdp_reduce="step")
+    step, micro_step = plan(model, **settings), plan(model, **{**settings, "fsdp_reduce": "micro_step"})
+    assert micro_step["gradients"] * 4 == step["gradients"]
+    with pytest.raises(UserError, match=r"What fits: --fsdp_reduce=micro_step$"):
+        check_fits(step, (step["total"] + micro_step["total"]) // 2, model, settings)
+
+
 def test_eval_only_is_planned_without_training_state_and_told_to_shrink_the_batch_alone():
     from common import UserError
     from memory import check_fits
