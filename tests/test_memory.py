@@ -14,6 +14,7 @@ from model import GPT, GPTConfig
 GPT2 = dict()
 LLAMA = dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2)
 SHAPE = dict(n_layer=6, n_head=4, n_embd=256, block_size=512, vocab_size=65)  # activations dominate: 16 x 512 tokens
+WEIGHTY = dict(n_layer=8, n_head=8, n_embd=512, block_size=64)  # weights dominate: 25M parameters, 16 x 64 tokens
 
 
 def really_saved(model, idx) -> int:
@@ -88,7 +89,7 @@ from memory import plan
 def status(key):
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
 torch.set_num_threads(2)
-x = torch.randint(65, (16, 512))
+x = torch.randint(65, (16, {config!r}["block_size"]))
 base = status("VmRSS")
 model = GPT(GPTConfig(**{config!r})).eval()
 with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled={dtype!r} == "bfloat16"):
@@ -101,12 +102,15 @@ print(plan(model, 16, {dtype!r}, "adamw", 1, "ddp", False, "cpu", training=False
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the process's memory from Linux's /proc")
-@pytest.mark.parametrize("vocab_size,dtype", [(65, "float32"), (8192, "float32"), (8192, "bfloat16")],
-                         ids=["blocks-fp32", "logits-fp32", "logits-bf16"])
-def test_the_eval_only_plan_is_within_15_percent_of_the_measured_peak(vocab_size, dtype):
+@pytest.mark.parametrize("change,dtype", [({}, "float32"), ({"vocab_size": 8192}, "float32"),
+                                          ({"vocab_size": 8192}, "bfloat16"), (WEIGHTY, "bfloat16")],
+                         ids=["blocks-fp32", "logits-fp32", "logits-bf16", "weights-bf16"])
+def test_the_eval_only_plan_is_within_15_percent_of_the_measured_peak(change, dtype):
     """eval_only plans forward passes under no_grad: the weights and the larger of a block's transients and the
-    logits with their fp32 log-softmax, not training's gradients, optimizer state and saved activations."""
-    config = dict(SHAPE, vocab_size=vocab_size)
+    logits with their fp32 log-softmax, not training's gradients, optimizer state and saved activations. In bf16
+    autocast's cache holds a bf16 copy of each matmul's weight through the pass: half the weights again, which
+    weights-bf16 (25M parameters, 1,024 tokens) would miss by a third without."""
+    config = dict(SHAPE, **change)
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "2"}
     out = subprocess.run([sys.executable, "-c", MEASURE_EVAL.format(root=ROOT, config=config, dtype=dtype)], env=env,
                          capture_output=True, text=True, timeout=300)
@@ -220,13 +224,14 @@ def test_the_bf16_plan_of_gpt2_on_cuda_meets_the_peaks_measured_on_an_h100():
     """GPT-2 124M, block 1024, bf16 with compile and fused AdamW on one H100 80GB (the GPU suite, 2026-11-22):
     peak 9.1, 21.3 and 40.8 GiB at batch 12, 32 and 64, and batch 128 ran out of memory. The plan counts the
     loss's fp32 log-softmax that CUDA's autocast keeps; without it batch_size='auto' chose 128 there. It plans
-    about 3% above those peaks, which were measured compiled (the trace is of the eager forward pass)."""
+    3-6% above those peaks, which were measured compiled: the plan is of the eager forward pass, with autocast's
+    bf16 weight copies (0.23 GiB), which a compiled graph may recompute instead of keeping."""
     with torch.device("meta"):
         model = GPT(GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768, bias=False))
     settings = dict(dtype="bfloat16", optimizer="adamw", world_size=1, parallelism="ddp",
                     activation_checkpointing=False, device_type="cuda")
     for batch, measured in ((12, 9.1), (32, 21.3), (64, 40.8)):
-        assert plan(model, **settings, batch_size=batch)["total"] / 2**30 == pytest.approx(measured, rel=0.05), batch
+        assert 1.0 <= plan(model, **settings, batch_size=batch)["total"] / 2**30 / measured < 1.08, batch
     assert largest_batch(model, settings, int(78.5 * 2**30)) == 64  # an idle H100's free memory
 
 
