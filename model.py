@@ -198,16 +198,22 @@ class Block(nn.Module):
         return x
 
 
+# the device types autocast serves (the meta device, which memory.py traces on, is not one): asked once here,
+# because torch.compile of torch 2.11 cannot trace torch.amp.is_autocast_available and breaks the graph at
+# each call (one break per fp8 matmul, and the chunked loss left eager)
+AUTOCAST_DEVICES = frozenset(d for d in ("cpu", "cuda", "mps", "xpu") if torch.amp.is_autocast_available(d))
+
+
 def no_autocast(device_type: str):
-    """Autocast switched off on devices that have it (the meta device has none)."""
-    return torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) else nullcontext()
+    """Autocast switched off on devices that have it."""
+    return torch.autocast(device_type, enabled=False) if device_type in AUTOCAST_DEVICES else nullcontext()
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
     """The dtype a matmul of t runs in here: autocast's where it is on for t's device, else t's own. For code
     that turns autocast off and casts by hand (the chunked loss, fp8.py)."""
-    device_type = t.device.type  # the meta device, which memory.py traces on, has no autocast
-    on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    device_type = t.device.type
+    on = device_type in AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type)
     return torch.get_autocast_dtype(device_type) if on else t.dtype
 
 

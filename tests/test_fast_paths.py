@@ -108,3 +108,25 @@ def test_preferring_an_attention_kernel_changes_no_number_and_reaches_the_compil
         assert all(torch.equal(a, b) for other in grads[1:] for a, b in zip(grads[0], other))
     assert [sum("sdpa_kernel" in call for call in graph) for graph in graphs] == [0, 4, 4]  # set and reset, 2 layers
     assert torch._C._get_sdp_priority_order() == order and torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.parametrize("fast_path", ["loss_chunk", "fp8"])
+def test_the_chunked_loss_and_fp8_compile_whole_under_autocast(fast_path):
+    """Both turn autocast off inside and cast by hand (model.no_autocast, compute_dtype). Under torch 2.11,
+    asking torch.amp.is_autocast_available there broke the graph at every fp8 matmul and left the chunked loss
+    eager (torch 2.13 traces it, so run this under 2.11 to see it fail). fullgraph=True fails on any break."""
+    from fp8 import use_fp8
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=128, n_layer=2, n_head=2, n_embd=64, bias=False,
+                          loss_chunk=48 if fast_path == "loss_chunk" else 0))
+    if fast_path == "fp8":
+        use_fp8(model, 4 * 32)
+    x = torch.randint(128, (4, 32), generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(model, backend="eager", fullgraph=True)  # dynamo's tracing only
+    losses = []
+    for run in (model, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = run(x, x)[1]
+        loss.backward()
+        losses.append(loss.detach())
+    assert torch.isfinite(losses[1]) and torch.allclose(losses[0], losses[1])
