@@ -480,6 +480,11 @@ if __name__ == "__main__":
     import torch
     ON_GPU = torch.cuda.is_available()
     FP8_GPU = ON_GPU and torch.cuda.get_device_capability() >= (8, 9)
+    if ON_GPU and "checks" in chosen and not (args.char_data or args.char_text or
+                                              os.path.isfile(os.path.join(ROOT, "data/shakespeare_char/input.txt"))):
+        # a borrowed GPU reaches no network: prepare.py would spend minutes of the slot failing to download it
+        sys.exit("error: the checks need tiny Shakespeare and data/shakespeare_char/input.txt is not here: carry it "
+                 "to this machine, or give --char_text=PATH or --char_data=DIR")
     args.char_iters = args.char_iters or (2000 if ON_GPU else 20)
     suite = Suite(args.out, args.work, args.budget)
     left_out = []  # steps not started, or stopped at the budget's end: the next call's --only
