@@ -335,13 +335,14 @@ def build(cfg: dict) -> dict:
                                                   device_type == "cuda", data["random_access"]),
                              itertools.count(), cfg["prefetch_batches"], device)
         cold_files = [path for split in data["splits"].values() for path, _ in split] if cfg["cold_data"] else []
+        wait_reads = batches.wait
 
         def batch(i):
             return next(batches)
     else:
         tokens = torch.randint(vocab, (B, T + 1), generator=torch.Generator().manual_seed(cfg["seed"]))
         x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-        cold_files = []
+        cold_files, wait_reads = [], lambda: None
 
         def batch(i):
             return x, y
@@ -374,7 +375,7 @@ def build(cfg: dict) -> dict:
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
           f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}, fp8 {cfg['fp8']}")
     return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype,
-            "batch_size": B, "cold_files": cold_files}
+            "batch_size": B, "cold_files": cold_files, "wait_reads": wait_reads}
 
 
 def bench_generate(cfg: dict):
@@ -435,13 +436,15 @@ def disk_reads() -> int | None:
 
 
 def time_steps(run: dict, first: int, n: int) -> tuple[float, torch.Tensor]:
-    """Seconds per step of n steps from step `first`, the device drained before and after; and the last loss.
-    With cold_data the dataset's files leave the page cache first."""
+    """Seconds per step of n steps from step `first`, the device drained before and after, and so are the
+    batches read ahead (Prefetcher.wait); and the last loss. With cold_data the dataset's files leave the page
+    cache first."""
     evict(run["cold_files"])
     synchronize(run["device_type"])
     t0 = time.perf_counter()
     for i in range(first, first + n):
         loss = run["step"](i)
+    run["wait_reads"]()
     synchronize(run["device_type"])
     return (time.perf_counter() - t0) / n, loss
 

@@ -13,7 +13,7 @@ import os
 import pickle
 import re
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 
 import numpy as np
 
@@ -338,6 +338,12 @@ class Prefetcher:
         batch = self.pending.popleft().result()
         self.read_ahead()
         return to_device(batch, self.device)
+
+    def wait(self):
+        """Wait until the batches asked for ahead are read (an error is kept for its turn). A timer stopped
+        after this counts one read per batch taken, as in a long run: without it, the `depth` batches read before
+        the timer started would be free and the last `depth` reads would finish after it stopped."""
+        futures_wait(self.pending)
 
     def close(self):
         """Stop reading ahead; reads already running finish on their own."""

@@ -150,6 +150,20 @@ def test_prefetcher_reads_depth_batches_ahead_and_no_more():
     batches.close()
 
 
+def test_wait_returns_once_every_batch_asked_for_ahead_is_read():
+    """bench.py's timer stops after wait(), so a timed window counts the reads its steps asked for."""
+    def read(key):
+        time.sleep(0.3)
+        return torch.full((2,), key), torch.full((2,), key + 1)
+
+    batches = Prefetcher(read, range(10), 3, "cpu")
+    assert next(batches)[0].tolist() == [0, 0]  # and batch 3 is asked for now: it takes 0.3 s
+    batches.wait()
+    assert len(batches.pending) == 3 and all(f.done() for f in batches.pending)
+    assert [next(batches)[0].tolist() for _ in range(3)] == [[1, 1], [2, 2], [3, 3]]
+    batches.close()
+
+
 def test_a_failed_read_ahead_is_raised_when_its_batch_is_due(tmp_path):
     def read(key):
         if key == 2:
