@@ -58,18 +58,22 @@ def test_the_adamw_half_follows_torch_adamw_step_for_step():
     assert not torch.equal(ours_params[0], start[0])
 
 
-def test_a_muon_step_moves_each_matrix_by_its_orthogonalised_momentum():
+def test_muon_steps_move_each_matrix_by_its_orthogonalised_nesterov_momentum():
     model = tiny()
-    opt = build_optimizer(model, "muon", 0.0, 1e-3, (0.9, 0.95), 0.02, 0.95, "cpu")
+    m = 0.8  # not the default 0.95: the setting must reach the optimizer
+    opt = build_optimizer(model, "muon", 0.0, 1e-3, (0.9, 0.95), 0.02, m, "cpu")
     w = model.transformer.h[0].mlp.c_fc.weight  # (128, 32): tall, so the step is scaled by sqrt(128 / 32)
-    before = w.detach().clone()
-    model(torch.randint(50, (4, 16)), torch.randint(50, (4, 16)))[1].backward()
-    grad = w.grad.clone()
-    opt.step()
-    # first step: the buffer is (1 - m) g and the Nesterov update (1 - m) g + m (1 - m) g, a multiple of g,
-    # whose orthogonal factor is g's
-    expected = before - 0.02 * 2.0 * orthogonalize(grad)
-    torch.testing.assert_close(w.detach(), expected, rtol=1e-4, atol=1e-6)
+    expected, buf = w.detach().clone(), torch.zeros_like(w)
+    for step in range(3):
+        tokens = torch.randint(50, (4, 17), generator=torch.Generator().manual_seed(step))
+        model(tokens[:, :-1], tokens[:, 1:])[1].backward()
+        grad = w.grad.clone()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        # by hand: the buffer is the gradients' moving average, the update looks one momentum step ahead
+        buf = m * buf + (1 - m) * grad
+        expected -= 0.02 * 2.0 * orthogonalize((1 - m) * grad + m * buf)
+        torch.testing.assert_close(w.detach(), expected, rtol=1e-4, atol=1e-6)
 
 
 def test_muon_state_round_trips_through_state_dict():
