@@ -406,3 +406,32 @@ def test_the_gpu_suite_reckons_the_nanogpt_ratios_as_tokens_per_second_of_the_sa
     assert all(ok for _, ok, _ in rows) and len(rows) == 5
     assert [text.split("x tokens/s")[0] for _, _, text in rows] == ["1.10", "1.02", "1.25", "2.00", "1.60"]
     assert all(what.endswith(", ours with `--loss_chunk=4096`") for what, _, _ in nanogpt_rows(ms, 1024, "--loss_chunk=4096"))
+
+
+def test_every_optimizer_and_schedule_setting_reaches_the_step(char_data, tmp_path):
+    """Each set away from its default, so that a setting the loop drops on the way fails here (the golden run
+    keeps them all at their defaults): the AdamW moments' betas and decay, the schedule's shape, the clipping
+    threshold; Muon's rate and momentum, and decay_lr=False."""
+    from train import get_lr
+    adamw = dict(beta1=0.8, beta2=0.9, weight_decay=0.05, learning_rate=2e-3, lr_schedule="wsd", cooldown_frac=0.5,
+                 warmup_iters=2, lr_decay_iters=8, min_lr=1e-4, grad_clip=1e-12)
+    muon = dict(optimizer="muon", muon_lr=0.05, muon_momentum=0.8, learning_rate=2e-3, decay_lr=False)
+    for name, settings in (("adamw", adamw), ("muon", muon)):
+        out = str(tmp_path / name)
+        result = run_script("train.py", *tiny_args(char_data, out, max_iters=8, eval_interval=8, **settings),
+                            cwd=str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        rows = {int(r["iter"]): float(r["lr"]) for r in read_metrics(out) if r["lr"]}
+        checkpoint = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+        groups, state = checkpoint["optimizer"]["param_groups"], checkpoint["optimizer"]["state"]
+        if name == "adamw":
+            # step k's row logs the rate its update took, get_lr(k - 1): warmup, the stable phase, the linear cooldown
+            assert rows == pytest.approx({k: get_lr(k - 1, 2e-3, 2, 8, 1e-4, "wsd", 0.5) for k in range(1, 9)})
+            assert len(set(rows.values())) >= 5
+            assert all(tuple(g["betas"]) == (0.8, 0.9) for g in groups)
+            assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.05]
+            # every gradient clipped to a norm of 1e-12: its second moments sum to under 1e-24
+            assert sum(float(s["exp_avg_sq"].sum()) for s in state.values()) < 1e-24
+        else:
+            assert set(rows.values()) == {2e-3}  # no warmup, no decay
+            assert groups[0]["muon"] and groups[0]["momentum"] == 0.8 and groups[0]["lr"] == pytest.approx(0.05)
