@@ -139,15 +139,20 @@ def test_activation_checkpointing_gives_the_same_losses_and_gradients_and_saves_
 
 
 @pytest.mark.slow
-def test_checkpointed_training_runs_the_same_steps(char_data, tmp_path):
+def test_checkpointed_and_chunked_loss_training_run_the_same_steps(char_data, tmp_path):
+    """Both save memory and change no number; the checkpoint's model_args (what the model was built from) must
+    carry them, or the run trained without them while the memory plan counted them."""
     runs = {}
-    for checkpointing in (False, True):
-        out = str(tmp_path / f"ac{checkpointing}")
-        result = run_script("train.py", *tiny_args(char_data, out, max_iters=6, dropout=0.1,
-                                                   activation_checkpointing=checkpointing), cwd=str(tmp_path))
+    for name, setting in (("plain", {}), ("checkpointed", {"activation_checkpointing": True}),
+                          ("chunked", {"loss_chunk": 40})):  # 256 rows per micro-step: 6 chunks and a short one
+        out = str(tmp_path / name)
+        result = run_script("train.py", *tiny_args(char_data, out, max_iters=6, dropout=0.1, **setting),
+                            cwd=str(tmp_path))
         assert result.returncode == 0, result.stderr
-        runs[checkpointing] = [line for line in result.stdout.splitlines() if line.startswith("step ")]
-    assert runs[False] == runs[True]  # the eval lines, to 4 decimals
+        runs[name] = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+        model_args = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)["model_args"]
+        assert all(model_args[k] == v for k, v in setting.items()), name
+    assert runs["plain"] == runs["checkpointed"] == runs["chunked"]  # the eval lines, to 4 decimals
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(char_data, tmp_path):
