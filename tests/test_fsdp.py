@@ -144,3 +144,17 @@ def test_a_save_gathers_the_whole_state_onto_rank_0_alone(tmp_path):
     result = run_script(str(script), cwd=str(tmp_path), torchrun_procs=2)
     assert result.returncode == 0, result.stderr
     assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)] == ["True", "True"]
+
+
+@pytest.mark.parametrize("setting,message", [({"eval_iters": 3}, "error: eval_iters 3 is not divisible by the world size 2"),
+                                             ({"sample_interval": 1}, "error: sample_interval and hellaswag_interval are "
+                                                                      "not available with parallelism='fsdp'")])
+def test_what_fsdp_cannot_do_is_refused_before_it_hangs(char_data, tmp_path, setting, message):
+    """Under FSDP every rank joins every forward pass: an evaluation split unevenly, or a sample on rank 0 alone,
+    would wait in a collective until ddp_timeout (30 minutes by default) instead."""
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, backend="gloo", parallelism="fsdp", max_iters=4,
+                                               ddp_timeout=60, **setting),
+                        cwd=str(tmp_path), torchrun_procs=2, timeout=120)
+    assert result.returncode != 0 and message in result.stderr
+    assert not os.path.exists(os.path.join(out, "metrics.csv"))
