@@ -444,3 +444,28 @@ def test_best_and_kept_checkpoints_missed_by_a_kill_are_written_at_resume(tmp_pa
     save(state(4, 4), "ckpt.pt")
     assert repair_published(str(tmp_path), state(4, 4)) == [] and step_of("best.pt") == 8
     assert sorted(f for f in os.listdir(tmp_path) if f.startswith("ckpt_")) == ["ckpt_0000004.pt", "ckpt_0000008.pt"]
+
+
+def test_another_runs_optimizer_state_is_taken_with_this_runs_settings():
+    """init_from a checkpoint takes its AdamW moments (a finetune does not restart them from zero) but keeps this
+    run's betas and weight decay; moments of other shapes are refused."""
+    from checkpoint import take_optimizer_state
+    torch.manual_seed(0)
+    source = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    before = source.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    tokens = torch.randint(32, (2, 9))
+    source(tokens[:, :-1], tokens[:, 1:])[1].backward()
+    before.step()
+    saved = before.state_dict()
+    target = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    after = target.configure_optimizers(0.05, 1e-3, (0.8, 0.9), "cpu")
+    assert take_optimizer_state(after, saved) is None
+    taken = after.state_dict()
+    assert len(taken["state"]) == len(saved["state"]) > 0
+    assert all(torch.equal(taken["state"][k][m], saved["state"][k][m]) for k in saved["state"]
+               for m in ("exp_avg", "exp_avg_sq"))
+    assert all(tuple(g["betas"]) == (0.8, 0.9) for g in after.param_groups)
+    assert sorted(g["weight_decay"] for g in after.param_groups) == [0.0, 0.05]
+    wider = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=32))
+    assert take_optimizer_state(wider.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu"), saved) == \
+        "its moments have other shapes"
