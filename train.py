@@ -54,7 +54,7 @@ dry_run = False  # print the memory plan, tokens per step, model size and FLOPs 
 eval_only = False  # evaluate a trained model once (resume or gpt2*), write out_dir/eval.json and exit; the run's own files stay as they are
 always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves (the last eval always writes it)
 keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
-max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm [max_nonfinite_steps > 0]
+max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (counted at log lines) [max_nonfinite_steps > 0]
 init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers (GPT-2 or LLaMA), or a checkpoint file (ours or nanoGPT's ckpt.pt) to start a new run from
 overwrite = False  # let init_from='scratch' replace the run in an out_dir that already holds a checkpoint
 seed = 1337  # seeds init, dropout and the batch sampler [0 <= seed < 2**63]
@@ -198,6 +198,13 @@ STOP_CHECK_STEPS = 10  # under DDP: steps between the small all-reduce that lets
 
 # ---------------------------------------------------------------------------------------------
 # learning rate schedule and evaluation
+
+def kept_checkpoint(out_dir: str, saved_iter: int | None) -> str:
+    """What a run that stops on non-finite weights leaves to resume from."""
+    if saved_iter is None:
+        return "no checkpoint had been written"
+    return f"the last good checkpoint, {out_dir}/ckpt.pt at iter {saved_iter}, is kept"
+
 
 def get_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float,
            schedule: str = "cosine", cooldown_frac: float = 0.2) -> float:
@@ -532,6 +539,7 @@ if __name__ == "__main__":
     skip_on_device = not sync_every_step and skips_on_device(optimizer)
     skipped_steps, in_a_row, worst_in_a_row = (torch.zeros((), device=device) for _ in range(3))
     skipped_reported, last_losses, last_eval_iter = 0, None, None
+    saved_iter = iter_num if init_from == "resume" else None  # the iter of out_dir's ckpt.pt, if it has one
     t_start, train_time, start_iter = time.monotonic(), 0.0, iter_num
     train_batches = Prefetcher(read_train_batch, ((it, m) for it in itertools.count(iter_num) for m in range(accum_steps)),
                                prefetch_batches, device)
@@ -558,6 +566,11 @@ if __name__ == "__main__":
             final = iter_num >= max_iters  # always saved, so a finished run is known as one and resumes as nothing
             if iter_num > 0 and math.isfinite(losses["val"]) and (improved or always_save_checkpoint or final):
                 save(evaluated=True, improved=improved)
+                saved_iter = iter_num
+            elif final and not math.isfinite(losses["val"]):  # not a finished run: its last weights are not finite
+                raise UserError(f"the last evaluation (iter {iter_num}) gave val loss {losses['val']}: the weights are "
+                                f"not finite and were not saved; {kept_checkpoint(out_dir, saved_iter)}. Lower "
+                                "learning_rate, raise warmup_iters or check the data")
             if master_process and sample_interval and evals_done % sample_interval == 0:
                 write_sample(iter_num)
             t_log += time.monotonic() - t_eval  # keep evaluation out of the ms/iter figures
@@ -607,7 +620,7 @@ if __name__ == "__main__":
                              always=True)
             if worst >= max_nonfinite_steps:
                 raise UserError(f"{int(worst)} steps in a row had a non-finite loss or gradient norm (by iter "
-                                f"{iter_num}): stopping with the last good checkpoint in {out_dir} kept; lower "
+                                f"{iter_num}): stopping; {kept_checkpoint(out_dir, saved_iter)}. Lower "
                                 "learning_rate, raise warmup_iters or check the data")
             if log_now:
                 t_now = time.monotonic()  # after the sync above, so the timing is real

@@ -266,7 +266,15 @@ CASES = [
          runner=sigterm_after_iter(6), may_change=RUN_LOGS),
     Case("non-finite steps in a row", "train.py",
          [*RESUME, "--max_iters=40", "--learning_rate=1e30", "--min_lr=0", "--grad_clip=0", "--max_nonfinite_steps=3"],
-         r"3 steps in a row had a non-finite loss .* the last good checkpoint .* kept", may_change=RUN_LOGS),
+         r"3 steps in a row had a non-finite loss .* the last good checkpoint, .*ckpt.pt at iter 4, is kept",
+         may_change=RUN_LOGS),
+    Case("non-finite steps in a row before any checkpoint", "train.py",
+         [*TRAIN, "--out_dir={tmp}/new", "--max_iters=40", "--learning_rate=1e30", "--min_lr=0", "--grad_clip=0",
+          "--max_nonfinite_steps=3"], r"3 steps in a row had a non-finite loss .*: stopping; no checkpoint had been written"),
+    Case("non-finite weights at the last evaluation", "train.py",  # too few steps for max_nonfinite_steps to stop it
+         [*RESUME, "--learning_rate=1e30", "--min_lr=0", "--grad_clip=0", "--max_nonfinite_steps=1000"],
+         r"the last evaluation \(iter 8\) gave val loss nan: the weights are not finite and were not saved; the last "
+         r"good checkpoint, .*ckpt.pt at iter 4, is kept", may_change=RUN_LOGS),
     # ---- train.py: datasets
     Case("dataset missing", "train.py", [*TRAIN, "--dataset={tmp}/nothing_here"], r"dataset '.*nothing_here' not found"),
     Case("meta.json torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"other/meta.json is not valid JSON",
