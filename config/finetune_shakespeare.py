@@ -12,7 +12,7 @@ wandb_run_name = "ft-gpt2-xl"
 dataset = "shakespeare"
 init_from = "gpt2-xl"  # the largest GPT-2; gpt2 (124M) is the quick one
 
-always_save_checkpoint = False  # keep only checkpoints that improve val loss
+always_save_checkpoint = False  # write ckpt.pt when val loss improves and at the last eval; best.pt keeps the best
 
 # 1 sequence x 32 micro-steps x 1024 tokens = 32,768 tokens per step; tiny Shakespeare is about 300K tokens,
 # so one epoch is about 9 steps

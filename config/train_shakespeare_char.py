@@ -10,7 +10,7 @@ eval_interval = 250  # the model overfits this small corpus, so keep an eye on v
 eval_iters = 200
 log_interval = 10
 
-always_save_checkpoint = False  # keep only checkpoints that improve val loss
+always_save_checkpoint = False  # write ckpt.pt when val loss improves and at the last eval; best.pt keeps the best
 
 wandb_log = False
 wandb_project = "shakespeare-char"
@@ -29,7 +29,8 @@ dropout = 0.2  # a small corpus needs regularisation
 # Small models tolerate a high learning rate. On the 4-layer CPU run above, 2000 steps reach a val loss
 # of 1.928 at 1e-3 (nanoGPT's value) and 1.830 at 2e-3; 3e-3 did better still in one run. On one H100
 # the 6-layer recipe's best val loss is 1.4706 (step 2000) at 2e-3 and 1.4637 (step 1750) at 1e-3: a
-# tie within one run's noise; both overfit after that, to about 1.7 by step 5000 (ckpt.pt, saved only on improvement, keeps the best).
+# tie within one run's noise; both overfit after that, to about 1.7 by step 5000. ckpt.pt is the last
+# step's model; sample the best with: python sample.py --out_dir=out-shakespeare-char --checkpoint=best.pt
 learning_rate = 2e-3
 max_iters = 5000
 lr_decay_iters = 5000  # usually equal to max_iters
