@@ -204,6 +204,13 @@ def kept_step(name: str) -> int:
     return int(digits) if digits.isascii() and digits.isdigit() else -1  # "²".isdigit(), but int() refuses it
 
 
+def own_kept_step(name: str) -> int:
+    """The step of a checkpoint that keep_last_n wrote, by its exact, padded name; -1 for any other name, so a copy
+    the user named ckpt_4.pt is never pruned or overwritten as one of the run's."""
+    step = kept_step(name)
+    return step if step >= 0 and name == kept_name(step) else -1
+
+
 def checkpoint_file(out_dir: str, name: str) -> str:
     """The path of checkpoint `name` in out_dir; ckpt_<iter>.pt may name a kept step without the zero padding of
     its file name (ckpt_900.pt for ckpt_0000900.pt)."""
@@ -298,9 +305,9 @@ def publish_checkpoint(out_dir: str, iter_num: int, improved: bool, keep_last_n:
             raise UserError(f"could not write {name} in {out_dir} ({e.strerror or e}): the previous {name} is "
                             "unchanged and ckpt.pt holds this step; free disk space or choose another out_dir") from e
     if keep_last_n > 0:
-        # by step, not by name (ckpt_10000000 is 8 digits); a name that gives no step (ckpt_before_lr_change.pt, a
-        # copy the user made) is none of keep_last_n's and stays
-        steps = sorted((f for f in os.listdir(out_dir) if kept_step(f) >= 0), key=kept_step)
+        # by step, not by name (ckpt_10000000 is 8 digits); another name (ckpt_before_lr_change.pt, ckpt_4.pt: copies
+        # the user made) is none of keep_last_n's and stays
+        steps = sorted((f for f in os.listdir(out_dir) if own_kept_step(f) >= 0), key=own_kept_step)
         for old in steps[:-keep_last_n]:
             os.remove(os.path.join(out_dir, old))
 
@@ -313,7 +320,7 @@ def repair_published(out_dir: str, checkpoint: dict) -> list[str]:
     A best.pt or kept step newer than ckpt.pt is left alone: ckpt.pt may be an earlier copy the user put back."""
     iter_num, evaluated = checkpoint["iter_num"], checkpoint["evaluated"]
     keep_last_n = checkpoint["config"].get("keep_last_n", 0) if evaluated else 0
-    kept_missing = keep_last_n > 0 and all(kept_step(f) < iter_num for f in os.listdir(out_dir))
+    kept_missing = keep_last_n > 0 and all(own_kept_step(f) < iter_num for f in os.listdir(out_dir))
     best_stale = evaluated and checkpoint["best_iter"] == iter_num and best_lags(out_dir, checkpoint)
     if not (best_stale or kept_missing):
         return []

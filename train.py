@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 import configurator
 from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_same_checkpoint,
-                        check_same_shape, check_vocabulary, gather_rng_states, kept_step, load_checkpoint,
-                        load_pretrained, publish_checkpoint, repair_published, restore_training_state, save_checkpoint,
+                        check_same_shape, check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained,
+                        own_kept_step, publish_checkpoint, repair_published, restore_training_state, save_checkpoint,
                         take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
                     excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0, peak_flops, raise_held,
@@ -155,7 +155,7 @@ def check_new_run(out_dir: str, overwrite: bool, init_from: str) -> list[str]:
     metrics, summary, ...), unless overwrite, and then still refused when init_from is one of them; returns
     those files, which the new run then deletes. A checkpoint copy the user named (ckpt_before_lr_change.pt)
     is not the run's."""
-    old = [f for f in sorted(os.listdir(out_dir)) if f in RUN_FILES or kept_step(f) >= 0]
+    old = [f for f in sorted(os.listdir(out_dir)) if f in RUN_FILES or own_kept_step(f) >= 0]
     if old and not overwrite:
         resume = "continue it with --init_from=resume, " if "ckpt.pt" in old else "it has no ckpt.pt to resume: "
         raise UserError(f"out_dir {out_dir} already holds a run ({', '.join(old[:4])}{', ...' if len(old) > 4 else ''}): "

@@ -435,10 +435,11 @@ def test_overwrite_replaces_the_earlier_run_whole(char_data, tmp_path):
     assert {"ckpt_0000004.pt", "ckpt_0000008.pt", "best.pt"} <= set(os.listdir(out))
     mine = os.path.join(out, "ckpt_before_lr_change.pt")  # a copy the user named: not the run's, so it stays
     shutil.copy(os.path.join(out, "ckpt.pt"), mine)
+    shutil.copy(os.path.join(out, "ckpt.pt"), os.path.join(out, "ckpt_2.pt"))  # a name like the run's, unpadded
     result = run_script("train.py", *args_for(char_data, out, max_iters=4, overwrite=True, init_from=mine),
                         cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert [f for f in os.listdir(out) if f.startswith("ckpt_")] == ["ckpt_before_lr_change.pt"]  # no step checkpoint
+    assert sorted(f for f in os.listdir(out) if f.startswith("ckpt_")) == ["ckpt_2.pt", "ckpt_before_lr_change.pt"]
     assert max(losses(out)) == 4 and torch.load(os.path.join(out, "best.pt"), weights_only=True)["iter_num"] == 4
 
 

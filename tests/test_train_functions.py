@@ -311,10 +311,11 @@ def test_a_bf16_checkpoint_resumes_as_float16_with_a_fresh_scaler():
 def test_keep_last_n_deletes_the_oldest_steps_past_seven_digits_and_never_a_users_own_copy(tmp_path):
     from checkpoint import publish_checkpoint
     (tmp_path / "ckpt_before_lr_change.pt").write_bytes(b"a copy made by hand")
+    (tmp_path / "ckpt_4.pt").write_bytes(b"a copy of step 4, named without the padding")
     for step in (9_998_000, 9_999_000, 10_000_000):
         (tmp_path / "ckpt.pt").write_bytes(str(step).encode())
         publish_checkpoint(str(tmp_path), step, False, 2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "ckpt_10000000.pt", "ckpt_9999000.pt",
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "ckpt_10000000.pt", "ckpt_4.pt", "ckpt_9999000.pt",
                                                           "ckpt_before_lr_change.pt"]
     assert (tmp_path / "ckpt_10000000.pt").read_bytes() == b"10000000"
 
