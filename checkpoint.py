@@ -261,12 +261,12 @@ def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str
     """Model settings (shape and architecture) that the user changed from the defaults must agree with those of
     the model a run resumes (source '') or starts from (source: its init_from; train.py checks block_size then)."""
     saved = architecture(model_args)
-    clashes = [f"{k}={config[k]!r} ({source or 'checkpoint'}: {saved[k]!r})" for k in saved
-               if k in config and config[k] != defaults[k] and config[k] != saved[k]
-               and not (source and k == "block_size")]  # a model started from: its context may be cropped
-    if clashes and not source:
-        raise UserError(f"resuming a checkpoint of another model shape: {', '.join(clashes)}; drop those settings "
-                        "or use a new out_dir")
+    keys = [k for k in saved if k in config and config[k] != defaults[k] and config[k] != saved[k]
+            and not (source and k == "block_size")]  # a model started from: its context may be cropped
+    clashes = [f"{k}={config[k]!r} ({source or 'checkpoint'}: {saved[k]!r})" for k in keys]
+    if clashes and not source:  # the settings may come from a config file, where dropping them is no answer
+        raise UserError(f"resuming a checkpoint of another model shape: {', '.join(clashes)}; give the checkpoint's "
+                        f"({' '.join(f'--{k}={saved[k]}' for k in keys)}), drop those settings, or use a new out_dir")
     if clashes:
         raise UserError(f"init_from={source} is a model of another shape: {', '.join(clashes)}; drop those settings "
                         "(the model's own shape is used) or start from scratch")

@@ -244,7 +244,7 @@ CASES = [
     Case("out_dir in use", "train.py", [*TRAIN, "--out_dir={live}", "--overwrite=True"],
          r"out_dir .*live is in use by train.py \(pid \d+ on .*\): wait for that run to end", runner=run_holding_the_lock),
     # ---- train.py: checkpoints
-    Case("resume another shape", "train.py", [*RESUME, "--n_layer=3"], r"another model shape: n_layer=3 \(checkpoint: 2\)"),
+    Case("resume another shape", "train.py", [*RESUME, "--n_layer=3"], r"another model shape: n_layer=3 \(checkpoint: 2\); give the checkpoint's \(--n_layer=2\)"),
     Case("resume nothing", "train.py", [*RESUME, "--out_dir={tmp}/empty"], r"no checkpoint at .*empty/ckpt.pt"),
     Case("torn checkpoint", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"checkpoint .*other/ckpt.pt cannot be read",
          setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "other")), write(
