@@ -211,7 +211,9 @@ def load_dataset(dataset: str, block_size: int | None) -> dict:
         dtype, vocab_size, max_id, expected = np.dtype(np.uint16), None, None, None
         files = {split: [os.path.join(data_dir, f"{split}.bin")] for split in ("train", "val")}
         if not os.path.isfile(files["train"][0]):
-            raise UserError(f"dataset '{dataset}' has no train.bin or meta.json in {data_dir}: prepare it first")
+            script = os.path.join(data_dir, "prepare.py")
+            how = f"python {os.path.relpath(script)}" if os.path.isfile(script) else "its prepare script"
+            raise UserError(f"dataset '{dataset}' has no train.bin or meta.json in {data_dir}: prepare it first ({how})")
         pkl = read_meta_pkl(data_dir)
         vocab_size = pkl["vocab_size"] if pkl else None
     splits = {}

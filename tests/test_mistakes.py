@@ -277,6 +277,10 @@ CASES = [
          r"good checkpoint, .*ckpt.pt at iter 4, is kept", may_change=RUN_LOGS),
     # ---- train.py: datasets
     Case("dataset missing", "train.py", [*TRAIN, "--dataset={tmp}/nothing_here"], r"dataset '.*nothing_here' not found"),
+    Case("dataset not prepared", "train.py", [*TRAIN, "--dataset={tmp}/fresh"],
+         r"has no train.bin or meta.json in .*fresh: prepare it first \(python .*fresh/prepare.py\)",
+         setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "fresh")),
+                                       write(os.path.join(tmp, "fresh", "prepare.py"), "# writes the token files\n"))),
     Case("meta.json torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"other/meta.json is not valid JSON",
          setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()[:40]))),
     Case("meta.json lacks a key", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.json lacks \['vocab_size'\]",
