@@ -29,6 +29,12 @@ def test_char_prepare_prefers_the_named_input(tmp_path):
     assert source == path and text == shakespeare()["text"]
     (tmp_path / "input.txt").write_text("to be or not to be")
     assert prepare_module.load_text(None, here=str(tmp_path)) == ("to be or not to be", str(tmp_path / "input.txt"))
+    # the BPE prepare (another folder) reads the char dataset's copy when its own folder has none
+    prepare_module.HERE, bpe = str(tmp_path), tmp_path / "bpe"
+    bpe.mkdir()
+    assert prepare_module.load_text(None, here=str(bpe)) == ("to be or not to be", str(tmp_path / "input.txt"))
+    (bpe / "input.txt").write_text("that is the question")
+    assert prepare_module.load_text(None, here=str(bpe)) == ("that is the question", str(bpe / "input.txt"))
 
 
 def test_gpt2_encoding_from_a_rank_file_gives_gpt2_ids():

@@ -1,7 +1,8 @@
 """
 Tiny Shakespeare in GPT-2 BPE tokens, for finetuning GPT-2 (config/finetune_shakespeare.py): writes
 train.bin and val.bin (uint16; the first 90% / last 10% of the text) and meta.json next to this file,
-or into --out_dir. The text comes from the same places as data/shakespeare_char/prepare.py, and the
+or into --out_dir. The text comes from the same places as data/shakespeare_char/prepare.py (its input.txt
+too, after this folder's), and the
 encoding from tokenizer.py, which also works offline (see --gpt2_tiktoken there).
 
     python data/shakespeare/prepare.py [--input PATH] [--out_dir DIR] [--gpt2_tiktoken PATH]
