@@ -168,6 +168,13 @@ def check_new_run(out_dir: str, overwrite: bool, init_from: str) -> list[str]:
     return old
 
 
+def kept_checkpoint(out_dir: str, saved_iter: int | None) -> str:
+    """What a run that stops on non-finite weights leaves to resume from."""
+    if saved_iter is None:
+        return "no checkpoint had been written"
+    return f"the last good checkpoint, {out_dir}/ckpt.pt at iter {saved_iter}, is kept"
+
+
 class StopFlag:
     """Set by the first SIGTERM or SIGINT (preemption, Ctrl-C, a scheduler's time limit), so the run can
     finish its step, checkpoint and exit 0; a second signal exits at once, except a SIGTERM within
@@ -198,13 +205,6 @@ STOP_CHECK_STEPS = 10  # under DDP: steps between the small all-reduce that lets
 
 # ---------------------------------------------------------------------------------------------
 # learning rate schedule and evaluation
-
-def kept_checkpoint(out_dir: str, saved_iter: int | None) -> str:
-    """What a run that stops on non-finite weights leaves to resume from."""
-    if saved_iter is None:
-        return "no checkpoint had been written"
-    return f"the last good checkpoint, {out_dir}/ckpt.pt at iter {saved_iter}, is kept"
-
 
 def get_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float,
            schedule: str = "cosine", cooldown_frac: float = 0.2) -> float:

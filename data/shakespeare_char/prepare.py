@@ -61,10 +61,11 @@ def load_text(input_path: str | None, here: str = HERE) -> tuple[str, str]:
         if not os.path.isfile(input_path):
             raise PrepareError(f"--input {input_path} is not a file")
         return read_text(input_path), input_path
-    for folder in dict.fromkeys((here, HERE)):  # the caller's folder, then this one's: one copy serves both datasets
-        if os.path.isfile(os.path.join(folder, "input.txt")):
-            return read_text(os.path.join(folder, "input.txt")), os.path.join(folder, "input.txt")
-    local = os.path.join(here, "input.txt")
+    # the caller's folder, then this one's: one copy serves both datasets
+    for local in dict.fromkeys(os.path.join(folder, "input.txt") for folder in (here, HERE)):
+        if os.path.isfile(local):
+            return read_text(local), local
+    local = os.path.join(here, "input.txt")  # where a download is cached
     failures = []
     try:
         with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=10) as response:
