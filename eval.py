@@ -16,7 +16,7 @@ import time
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import (UserError, autocast_context, check_device, excepthook, launcher_ranks, leave_distributed,
-                    resolve_dtype, setup_distributed, write_json)
+                    read_json, resolve_dtype, setup_distributed, write_json)
 from hellaswag import check_encodable, find_data, read_examples, score
 from tokenizer import codec
 
@@ -25,11 +25,27 @@ out_dir = "out"  # where the checkpoint is, with init_from='resume'
 checkpoint = "ckpt.pt"  # which checkpoint in out_dir: ckpt.pt (latest), best.pt (best val loss) or ckpt_<iter>.pt
 hellaswag = ""  # the validation jsonl; '' uses data/hellaswag/hellaswag_val.jsonl, downloading it there first
 limit = 0  # score only the first this many items; 0: all [limit >= 0]
-out_file = ""  # also write the result here as JSON; '': print only [out_file == '' or out_file.endswith('.json')]
+out_file = ""  # also write the result here as JSON, replacing only an earlier result; '': print only [out_file == '' or out_file.endswith('.json')]
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
 dtype = "float32"  # as the published figures were scored (16-bit logits can flip items whose endings score close); 'bfloat16', 'float16' or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) are faster [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 backend = "auto"  # under torchrun: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'nccl', 'gloo')]
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
+RESULT_KEYS = {"model", "items", "acc", "acc_norm", "dtype"}  # what this script writes to out_file
+
+
+def check_out_file(path: str):
+    """Refuse an out_file that cannot be written, or whose replacement would lose another file: an existing one
+    is overwritten only when it holds an earlier result of this script (not a run's summary.json or meta.json)."""
+    if not path:
+        return
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise UserError(f"out_file {path}: its folder does not exist")
+    if os.path.isdir(path):
+        raise UserError(f"out_file {path} is a folder: name a .json file")
+    fix = "choose another out_file, or remove that file"
+    old = read_json(path, fix)
+    if old is not None and not (isinstance(old, dict) and set(old) == RESULT_KEYS):
+        raise UserError(f"out_file {path} already exists and is not an earlier result of eval.py: {fix}")
 
 
 if __name__ == "__main__":
@@ -39,10 +55,7 @@ if __name__ == "__main__":
     check_init_from(init_from, ("resume",))
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
-    if out_file and not os.path.isdir(os.path.dirname(os.path.abspath(out_file))):
-        raise UserError(f"out_file {out_file}: its folder does not exist")
-    if os.path.isdir(out_file):
-        raise UserError(f"out_file {out_file} is a folder: name a .json file")
+    check_out_file(out_file)
     examples = read_examples(find_data(hellaswag))[:limit or None]
     rank, _, world_size, device = setup_distributed(launcher_ranks(os.environ), device, backend)
     ckpt_path = checkpoint_file(out_dir, checkpoint)

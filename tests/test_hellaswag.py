@@ -9,6 +9,7 @@ import torch
 
 from common import UserError
 from conftest import read_metrics, run_script, tiny_args
+from eval import RESULT_KEYS, check_out_file
 from hellaswag import ending_losses, read_examples, render, score
 from model import GPT, GPTConfig
 from tokenizer import codec
@@ -111,8 +112,22 @@ def test_eval_py_scores_a_checkpoint_alone_and_under_torchrun(tmp_path, procs):
                         cwd=str(tmp_path), torchrun_procs=procs)
     assert result.returncode == 0, result.stderr
     with open(out) as f:
-        assert {k: v for k, v in json.load(f).items() if k in ("items", "acc", "acc_norm")} == pytest.approx(hand_answer())
+        written = json.load(f)
+    assert {k: v for k, v in written.items() if k in ("items", "acc", "acc_norm")} == pytest.approx(hand_answer())
+    assert set(written) == RESULT_KEYS  # what check_out_file takes for an earlier result, so a re-run may replace it
     assert f"acc_norm {hand_answer()['acc_norm']:.4f} over 4 items" in result.stdout
+
+
+def test_out_file_replaces_only_an_earlier_result_of_eval_py(tmp_path):
+    earlier, summary, torn = tmp_path / "earlier.json", tmp_path / "summary.json", tmp_path / "torn.json"
+    earlier.write_text(json.dumps({"model": "gpt2", **hand_answer(), "dtype": "float32"}))
+    summary.write_text(json.dumps({"model": "gpt2", "acc_norm": 0.3, "best_val_loss": 3.1}))
+    torn.write_text('{"model": "gp')
+    check_out_file(str(earlier))
+    check_out_file(str(tmp_path / "new.json"))
+    for other in (summary, torn):
+        with pytest.raises(UserError, match="choose another out_file, or remove that file"):
+            check_out_file(str(other))
 
 
 def test_a_missing_hellaswag_file_is_one_error(tmp_path):

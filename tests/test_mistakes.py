@@ -334,6 +334,8 @@ CASES = [
          r"out_file=.*ckpt.pt' is not valid: out_file must satisfy out_file == '' or out_file.endswith\('.json'\)"),
     Case("eval out_file a folder", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={tmp}/r.json"],
          r"out_file .*r.json is a folder: name a .json file", setup=lambda tmp, run, data: os.makedirs(os.path.join(tmp, "r.json"))),
+    Case("eval out_file over a run's summary", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={run}/summary.json"],
+         r"out_file .*summary.json already exists and is not an earlier result of eval.py: choose another out_file"),
     Case("export over the run", "export.py", ["--out_dir={run}", "--to={run}", "--overwrite=True"],
          r"--overwrite=True replaces only an earlier export and .* is not one \(it holds best.pt, ckpt.pt"),
     Case("export under a file", "export.py", ["--out_dir={run}", "--to={run}/ckpt.pt/hf"], r"lies under .*ckpt.pt, which is a file"),
