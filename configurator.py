@@ -43,15 +43,15 @@ def _checked(key: str, value, config: dict, source: str, autos=()):
         close = difflib.get_close_matches(key, config, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the keys"
         raise UserError(f"unknown config key '{key}' in {source}{hint}")
-    default = config[key]
-    if type(default) is float and type(value) is int:
+    current = config[key]  # the default, or what an earlier config file or flag set; the type is the default's
+    if type(current) is float and type(value) is int:
         return float(value)
     if key in autos and value == "auto":
         return value
-    if type(value) is not type(default):
-        kind = type(default).__name__ + (" or 'auto'" if key in autos else "")
+    if type(value) is not type(current):
+        kind = type(current).__name__ + (" or 'auto'" if key in autos else "")
         raise UserError(f"config key '{key}' in {source} must be {kind} "
-                        f"(default {default!r}), got {value!r}")
+                        f"(as its value so far, {current!r}), got {value!r}")
     return value
 
 
@@ -70,6 +70,9 @@ def parse_value(raw: str, default):
 def apply_file(path: str, config: dict, ignored=(), autos=()) -> dict:
     """Run a config file with the current settings in scope and return the settings it changed; keys in
     `ignored` are accepted and dropped, keys in `autos` may be 'auto'."""
+    if os.path.isdir(path):
+        run = f"; for the run in it, pass --out_dir={path}" if "out_dir" in config else ""
+        raise UserError(f"'{path}' is a folder, not a config file: settings are given as --key=value{run}")
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' not found: give a path such as config/train_shakespeare_char.py")
     try:
