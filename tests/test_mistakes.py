@@ -184,7 +184,7 @@ CASES = [
     Case("log_format", "train.py", [*TRAIN, "--log_format=xml"], r"log_format='xml' is not valid: .*'text', 'json', 'quiet'"),
     Case("backend", "train.py", [*TRAIN, "--backend=mpi"], r"backend='mpi' is not valid"),
     Case("dtype", "train.py", [*TRAIN, "--dtype=float64"], r"dtype='float64' is not valid"),
-    Case("batch_size not a number", "train.py", [*TRAIN, "--batch_size=max"], r"'batch_size' .* must be int or 'auto' \(default 4\), got 'max'"),
+    Case("batch_size not a number", "train.py", [*TRAIN, "--batch_size=max"], r"'batch_size' .* must be int or 'auto' \(as its value so far, 4\), got 'max'"),
     Case("fp8 with matrix sides not multiples of 16", "train.py", [*TRAIN, "--fp8=True", "--n_embd=40"],
          r"fp8=True needs every matrix .* multiples of 16, and h.0.attn.c_attn is 120 x 40"),
     Case("type", "train.py", [*TRAIN, "--batch_size=big"], r"config key 'batch_size' in flag '--batch_size=big' must be int"),
@@ -328,6 +328,8 @@ CASES = [
     Case("sample which checkpoint", "sample.py", ["--out_dir={run}", "--device=cpu", "--checkpoint=ckpt_9.pt"], r"no checkpoint at .*ckpt_9.pt"),
     Case("sample gpt2 without transformers", "sample.py", ["--init_from=gpt2", "--device=cpu"],
          r"needs Hugging Face transformers", runner=WITHOUT_TRANSFORMERS),
+    Case("sample a run folder", "sample.py", ["{run}", "--device=cpu"],
+         r"'.*run' is a folder, not a config file: settings are given as --key=value; for the run in it, pass --out_dir=.*run"),
     Case("sample init_from", "sample.py", ["--out_dir={run}", "--device=cpu", "--init_from=gpt5"], r"init_from='gpt5' is not resume"),
     # ---- eval.py and export.py
     Case("eval out_file over a checkpoint", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={run}/ckpt.pt"],
