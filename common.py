@@ -143,16 +143,20 @@ def leave_distributed(world_size: int):
 
 
 def on_rank0(fn, rank: int, world_size: int):
-    """fn() on rank 0 only, and its result there (None on the other ranks). A UserError it raises stops every
-    rank with its message: a check only rank 0 can make (of its files, say) must stop them all, or the others
-    run on into a collective that rank 0 never joins and die there with a traceback."""
+    """fn() on rank 0 only, and its result there (None on the other ranks). Whatever it raises stops every
+    rank: a check only rank 0 can make (of its files, say) must stop them all, or the others run on into a
+    collective that rank 0 never joins and wait there until ddp_timeout. A UserError's line is every rank's;
+    anything else (a full disk, a bug) is named on the others, and rank 0 shows its traceback."""
     result, error = None, None
     if rank == 0:
         try:
             result = fn()
-        except UserError as e:
+        except Exception as e:
             error = e
-    failure = None if error is None else str(error)
+    failure = None
+    if error is not None:
+        failure = str(error) if isinstance(error, UserError) else \
+            f"rank 0 stopped with {type(error).__name__}: {error} (its traceback is in rank 0's output)"
     if world_size > 1:
         import torch.distributed as dist
         box = [failure]

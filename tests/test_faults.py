@@ -488,3 +488,40 @@ def test_resume_takes_the_shape_from_the_checkpoint_when_not_given(char_data, tm
                         "--init_from=resume", "--max_iters=6", "--eval_iters=2", "--batch_size=4", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "starting at iteration 4" in result.stdout and "x 32 tokens" in result.stdout  # block_size 32, not 1024
+
+
+RANK0_FAILS = """
+import datetime, sys
+sys.path.insert(0, {root!r})
+import torch.distributed as dist
+from common import UserError, excepthook, on_rank0
+sys.excepthook = excepthook
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://{store}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=120))
+def check():
+    if {kind!r} == "user":
+        raise UserError("out_dir is bad: fix it")
+    open("{missing}")  # an OSError: not the user's input, still rank 0's alone
+on_rank0(check, rank, 2)
+dist.barrier()  # not reached: a rank that went on would wait here for rank 0 until the timeout
+"""
+
+
+@pytest.mark.parametrize("kind", ["user", "other"])
+def test_whatever_stops_rank_0_in_its_own_check_stops_the_other_ranks_at_once(tmp_path, kind):
+    """Two processes without torchrun, whose agent would kill the survivor: rank 1 must stop by itself with the
+    reason, rather than in the next collective (gloo: a traceback when rank 0's connection closes; nccl may
+    wait there until ddp_timeout)."""
+    script = tmp_path / "rank0_fails.py"
+    script.write_text(RANK0_FAILS.format(root=ROOT, store=tmp_path / "store", kind=kind, missing=tmp_path / "nope.txt"))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=str(tmp_path)) for rank in (0, 1)]
+    t0 = time.time()
+    stderr = [proc.communicate(timeout=100)[1] for proc in procs]
+    assert all(proc.returncode != 0 for proc in procs) and time.time() - t0 < 60, stderr
+    if kind == "user":
+        assert [s.strip().splitlines()[-1] for s in stderr] == [f"[rank{r}]: error: out_dir is bad: fix it" for r in (0, 1)]
+    else:
+        assert "Traceback" in stderr[0] and "FileNotFoundError" in stderr[0]
+        assert stderr[1].strip().splitlines()[-1].startswith("[rank1]: error: rank 0 stopped with FileNotFoundError: ")
