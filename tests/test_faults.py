@@ -175,6 +175,18 @@ def test_kill_9_at_random_moments_never_loses_the_run(char_data, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.parametrize("always", [True, False])
+def test_always_save_checkpoint_false_saves_only_improvements_and_the_end(char_data, tmp_path, always):
+    """A learning rate too small to move any fp32 weight: every eval's val loss equals iter 0's, so none improves."""
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *args_for(char_data, out, max_iters=8, learning_rate=1e-30, min_lr=0,
+                                              keep_last_n=5, always_save_checkpoint=always), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert len({r["val_loss"] for r in read_metrics(out) if r["val_loss"]}) == 1  # no eval improved on iter 0's
+    kept = sorted(f for f in os.listdir(out) if f.startswith("ckpt_"))
+    assert kept == (["ckpt_0000004.pt", "ckpt_0000008.pt"] if always else ["ckpt_0000008.pt"])
+
+
 def test_best_checkpoint_and_keep_last_n(char_data, tmp_path):
     out = str(tmp_path / "out")
     result = run_script("train.py", *args_for(char_data, out, dropout=0.0, keep_last_n=2), cwd=str(tmp_path))
