@@ -44,13 +44,13 @@ def hand_losses(ending: str) -> tuple[float, float]:
     return sum(losses), sum(losses) / len(losses)
 
 
-def hand_answer() -> dict:
+def hand_answer(items=ITEMS) -> dict:
     right = right_norm = 0
-    for item in ITEMS:
+    for item in items:
         summed, mean = zip(*(hand_losses(e) for e in item["endings"]))
         right += summed.index(min(summed)) == item["label"]
         right_norm += mean.index(min(mean)) == item["label"]
-    return {"items": len(ITEMS), "acc": right / len(ITEMS), "acc_norm": right_norm / len(ITEMS)}
+    return {"items": len(items), "acc": right / len(items), "acc_norm": right_norm / len(items)}
 
 
 def test_the_hand_answer_tells_the_two_scores_apart():
@@ -100,8 +100,8 @@ def test_a_malformed_item_is_one_error_naming_its_line(tmp_path, line, problem):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("procs", [0, 2])
-def test_eval_py_scores_a_checkpoint_alone_and_under_torchrun(tmp_path, procs):
+@pytest.mark.parametrize("procs,limit", [(0, 0), (2, 0), (0, 3)])
+def test_eval_py_scores_a_checkpoint_alone_and_under_torchrun(tmp_path, procs, limit):
     data, ckpt, out = str(tmp_path / "h.jsonl"), str(tmp_path / "unigram.pt"), str(tmp_path / "result.json")
     write_jsonl(data, ITEMS)
     model = unigram_model()
@@ -109,13 +109,14 @@ def test_eval_py_scores_a_checkpoint_alone_and_under_torchrun(tmp_path, procs):
                 ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")},
                 "vocabulary": {"tokenizer": "char", "chars": CHARS}}, ckpt)
     result = run_script("eval.py", f"--init_from={ckpt}", f"--hellaswag={data}", "--device=cpu", f"--out_file={out}",
-                        cwd=str(tmp_path), torchrun_procs=procs)
+                        f"--limit={limit}", cwd=str(tmp_path), torchrun_procs=procs)
     assert result.returncode == 0, result.stderr
     with open(out) as f:
         written = json.load(f)
-    assert {k: v for k, v in written.items() if k in ("items", "acc", "acc_norm")} == pytest.approx(hand_answer())
+    answer = hand_answer(ITEMS[:limit or None])
+    assert {k: v for k, v in written.items() if k in ("items", "acc", "acc_norm")} == pytest.approx(answer)
     assert set(written) == RESULT_KEYS  # what check_out_file takes for an earlier result, so a re-run may replace it
-    assert f"acc_norm {hand_answer()['acc_norm']:.4f} over 4 items" in result.stdout
+    assert f"acc_norm {answer['acc_norm']:.4f} over {answer['items']} items" in result.stdout
 
 
 def test_out_file_replaces_only_an_earlier_result_of_eval_py(tmp_path):
@@ -154,15 +155,17 @@ def test_hellaswag_during_training_is_logged_and_matches_eval_py(char_data, tmp_
     scored = {int(r["iter"]): float(r["hellaswag"]) for r in read_metrics(out) if r["hellaswag"]}
     assert sorted(scored) == [4]  # the 2nd eval of iter 0, 4, 8
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=12, eval_interval=4, hellaswag_interval=1,
-                                               hellaswag_file=data, init_from="resume"), cwd=str(tmp_path))
+                                               hellaswag_file=data, hellaswag_items=2, init_from="resume"),
+                        cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     scored = {int(r["iter"]): float(r["hellaswag"]) for r in read_metrics(out) if r["hellaswag"]}
     assert sorted(scored) == [4, 12] and f"hellaswag acc_norm {scored[12]:.4f}" in result.stdout
-    evaluated = run_script("eval.py", f"--out_dir={out}", f"--hellaswag={data}", "--device=cpu",
+    evaluated = run_script("eval.py", f"--out_dir={out}", f"--hellaswag={data}", "--device=cpu", "--limit=2",
                            f"--out_file={tmp_path}/e.json", cwd=str(tmp_path))
     assert evaluated.returncode == 0, evaluated.stderr
-    with open(tmp_path / "e.json") as f:
-        assert json.load(f)["acc_norm"] == pytest.approx(scored[12])  # the checkpoint written at that eval
+    with open(tmp_path / "e.json") as f:  # the checkpoint written at that eval, over the same 2 items
+        assert json.load(f)["acc_norm"] == pytest.approx(scored[12])
+    assert scored[12] in (0.0, 0.5, 1.0)  # 2 items, where 3 would give thirds
 
 
 def test_items_a_character_model_cannot_encode_stop_training_before_it_starts(char_data, tmp_path):

@@ -50,6 +50,18 @@ def test_exported_folder_loads_in_transformers_with_our_logits(tmp_path, arch, c
     assert (logits_of(model, idx) - theirs).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_an_export_in_16_bits_stores_and_loads_16_bit_weights(tmp_path, dtype):
+    model = random_model()
+    line = export(model, {"tokenizer": "char", "chars": "abcdefghij"}, str(tmp_path / "hf"), dtype, False)
+    assert f", {dtype})" in line
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), torch_dtype="auto")
+    assert {p.dtype for p in loaded.parameters()} == {getattr(torch, dtype)}  # as saved, not widened
+    ours = dict(model.named_parameters())["transformer.h.0.mlp.c_fc.weight"]
+    theirs = loaded.state_dict()["transformer.h.0.mlp.c_fc.weight"]  # Conv1D: stored as in by out
+    assert torch.equal(theirs, ours.t().to(theirs.dtype))
+
+
 def test_an_exported_padded_vocabulary_never_generates_a_padding_id(tmp_path):
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=50304, bias=True)).eval()
     favour_padding(model, 50257)
