@@ -239,9 +239,10 @@ def bench_prepare(text_path: str, sizes_mb: list[int], rank_file: str):
             tokens = sum(os.path.getsize(p) // 2 for p in glob.glob(os.path.join(out, "*.bin")))
             print(f"{n_mb} MB: data/prepare.py ({os.cpu_count()} workers): {tokens:,} tokens in {seconds:.1f} s, "
                   f"{tokens / seconds:,.0f} tokens/s, peak memory {peak / 2**20:,.0f} MiB")
-            code = f"import bench; bench.baseline_prepare({corpus!r}, {os.path.join(tmp, 'baseline.bin')!r}, {rank_file!r})"
+            baseline = os.path.join(tmp, "baseline.bin")  # bench imported from here, wherever it runs from
+            code = f"import sys; sys.path.insert(0, {here!r}); import bench; bench.baseline_prepare({corpus!r}, {baseline!r}, {rank_file!r})"
             seconds, peak = run_measured([sys.executable, "-c", code])
-            tokens = os.path.getsize(os.path.join(tmp, "baseline.bin")) // 2
+            tokens = os.path.getsize(baseline) // 2
             print(f"{n_mb} MB: one-process encode_ordinary loop: {tokens:,} tokens in {seconds:.1f} s, "
                   f"{tokens / seconds:,.0f} tokens/s, peak memory {peak / 2**20:,.0f} MiB")
 
