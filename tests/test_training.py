@@ -12,7 +12,8 @@ import tarfile
 import pytest
 import torch
 
-from conftest import ROOT, char_vocab_size, read_metrics, run_script, step_losses, tiny_args
+from conftest import (ROOT, char_vocab_size, gpt2_rank_file, read_metrics, run_script, shakespeare, step_losses,
+                      tiny_args)
 
 pytestmark = pytest.mark.slow  # each test runs the scripts end to end
 
@@ -194,6 +195,20 @@ def test_bench_reports_time_per_iteration(tmp_path):
                         cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "ms/iter" in result.stdout and "tokens/s" in result.stdout
+
+
+def test_bench_times_the_data_pipeline_on_files_of_the_sizes_it_is_given(tmp_path):
+    result = run_script("bench.py", "--mode=get_batch", "--token_file_tokens=100000", "--batch_size=4",
+                        "--block_size=32", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert [line.split(":")[0] for line in result.stdout.splitlines() if "row loop" in line] == \
+        ["uint16, batch 4 x 32", "uint32, batch 4 x 32"]
+    result = run_script("bench.py", "--mode=prepare", "--corpus_mb=1", f"--corpus_text={shakespeare()['path']}",
+                        f"--gpt2_tiktoken={gpt2_rank_file()}", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    counts = [int(m.replace(",", "")) for m in re.findall(r"^1 MB: .*?: ([\d,]+) tokens in", result.stdout, re.M)]
+    assert len(counts) == 2 and counts[0] == counts[1]  # prepare.py's workers and the one-process loop agree
+    assert 200_000 < counts[0] < 400_000  # about 1 MB of English at 3 to 4 bytes a token
 
 
 def test_bench_on_a_cpu_shrinks_only_the_model_keys_no_file_or_flag_set(tmp_path):
