@@ -94,7 +94,8 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
     recomputed), and their total. Weights, gradients and optimizer state are fp32 whatever dtype is: autocast
     computes in 16 bits from fp32 weights. Under FSDP each process holds 1/world_size of those three, plus
     the gathered weights of the block that runs and the next one (in the 16-bit dtype, so no autocast
-    copies); but with fsdp_reduce='step' and micro_steps > 1 (this process's micro-steps per step) train.py
+    copies), and the root's (embeddings, final norm, head): FSDP2 gathers those for the whole forward and
+    backward, and in training holds their whole gradient from the head's backward to the end; but with fsdp_reduce='step' and micro_steps > 1 (this process's micro-steps per step) train.py
     reduce-scatters only on the last, so until then it holds every gradient whole and every block's weights
     gathered. training=False plans an eval_only run instead: forward passes under no_grad, with nothing saved
     for backward (eval_activations). In 16 bits (not under FSDP) autocast keeps a 16-bit copy of every
@@ -105,11 +106,13 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
     fp = getattr(torch, dtype)
     fsdp = world_size > 1 and parallelism == "fsdp"
     block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    root = n_params - config.n_layer * block  # outside the blocks: gathered with the root's FSDP unit
     matmuls = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     copies = matmuls * fp.itemsize if fp.itemsize == 2 and not fsdp else 0
     if not training:
         parts = {"weights": 4 * n_params // world_size if fsdp else 4 * n_params,
-                 "gathered_blocks": 2 * block * fp.itemsize if fsdp else 0, "weight_copies": copies,
+                 "gathered_blocks": 2 * block * fp.itemsize if fsdp else 0,
+                 "gathered_root": root * fp.itemsize if fsdp else 0, "weight_copies": copies,
                  "activations": eval_activations(config, batch_size, fp)}
         return {**parts, "total": sum(parts.values())}
     fused = device_type == "cuda" or config.dropout == 0  # the CPU's fused kernel has no dropout: math path
@@ -135,7 +138,9 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
     if fsdp:
         whole = micro_steps > 1 and fsdp_reduce == "step"
         parts = {"weights": 4 * n_params // world_size, "gradients": 4 * n_params // (1 if whole else world_size),
-                 "gathered_blocks": (n_params if whole else 2 * block) * fp.itemsize, "optimizer": state // world_size}
+                 "gathered_blocks": (n_params if whole else 2 * block) * fp.itemsize,
+                 "gathered_root": 0 if whole else 2 * root * fp.itemsize,  # whole: counted in the two above
+                 "optimizer": state // world_size}
     else:
         parts = {"weights": 4 * n_params, "weight_copies": copies, "gradients": 4 * n_params,
                  "ddp_buckets": 4 * n_params if world_size > 1 else 0, "optimizer": state}

@@ -9,7 +9,7 @@
 # them), DDP's gradient buckets 5.7 GB, autocast's bf16 copies of the weights 2.6 GB, and the activations of
 # one 8 x 2048 micro-batch in bf16 50.0 GB: 81.1 GB (75.5 GiB) per GPU, which fits an 80 GB GPU (79.6 GiB)
 # with little room. With less memory: --batch_size=4 --gradient_accumulation_steps=64 (the same tokens per
-# step) plans 56.1 GB, and --parallelism=fsdp 53.1 GB (60.7 GB with --fsdp_reduce=step, which holds gradients
+# step) plans 56.1 GB, and --parallelism=fsdp 53.9 GB (60.7 GB with --fsdp_reduce=step, which holds gradients
 # whole between micro-steps). Speed: at 40% MFU on an H100 (989 TFLOP/s bf16) one GPU does about 40,000
 # tokens/s, so 8 do about 330,000: 45B tokens in about 38 hours.
 

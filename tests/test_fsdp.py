@@ -68,12 +68,19 @@ def test_the_plan_divides_weights_gradients_and_optimizer_state_among_fsdp_proce
     assert ddp["ddp_buckets"] == ddp["weights"] and "ddp_buckets" not in fsdp
     block = sum(p.numel() for p in model.transformer.h[0].parameters())
     assert fsdp["gathered_blocks"] == 2 * block * 4 and fsdp["activations"] == ddp["activations"]
+    # the root's weights (wte, wpe, ln_f) stay gathered through forward and backward: seen in FSDP2's own state,
+    # with each block's hooks, on 2 gloo processes; in training their whole gradient is held beside them
+    root = sum(p.numel() for p in model.parameters()) - 4 * block
+    assert fsdp["gathered_root"] == 2 * root * 4 and "gathered_root" not in ddp
+    evaluating = plan(model, 8, "bfloat16", "adamw", 4, "fsdp", False, "cuda", training=False)
+    assert evaluating["gathered_root"] == root * 2 and evaluating["gathered_blocks"] == 2 * block * 2
     # with micro-steps and fsdp_reduce='step', train.py reduce-scatters on the last one only: till then gradients
     # are whole and every block stays gathered (measured through FSDP2's own state after a first micro-step: 48.2
     # MiB of each for a 12.64M-parameter model on 2 processes, where fsdp_reduce='micro_step' held a 24.1 MiB shard)
     accumulating = plan(model, 8, "bfloat16", "adamw", 4, "fsdp", False, "cuda", micro_steps=2, fsdp_reduce="step")
     n_params = sum(p.numel() for p in model.parameters())
     assert accumulating["gradients"] == 4 * n_params and accumulating["gathered_blocks"] == 2 * n_params
+    assert accumulating["gathered_root"] == 0  # its weights and gradient are among those, whole
     assert accumulating["weights"] == fsdp["weights"] and accumulating["optimizer"] == fsdp["optimizer"]
     assert plan(model, 8, "bfloat16", "adamw", 4, "fsdp", False, "cuda", micro_steps=2) == \
         plan(model, 8, "bfloat16", "adamw", 4, "fsdp", False, "cuda")  # the default reduces every micro-step
