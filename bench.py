@@ -312,7 +312,7 @@ def build(cfg: dict) -> dict:
     from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 
     if cfg["compile"]:
-        check_compile_mode(cfg["compile_mode"], cfg["gradient_accumulation_steps"])
+        check_compile_mode(cfg["compile_mode"], cfg["gradient_accumulation_steps"], torch.device(cfg["device"]).type)
     if cfg["batch_size"] == "auto":
         cfg = {**cfg, "batch_size": auto_batch(cfg)}
         print(f"batch_size auto: {cfg['batch_size']} sequences per micro-step")

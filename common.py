@@ -202,11 +202,12 @@ def compile_problem(device: str) -> str | None:
     return None
 
 
-def check_compile_mode(compile_mode: str, micro_steps: int):
-    """torch.compile's 'reduce-overhead' and 'max-autotune' modes capture CUDA graphs, whose outputs live in
-    memory the next replay reuses, and a backward pass's outputs are the gradients: with several micro-steps per
-    process, the next micro-step's graphs overwrite the gradients being summed (torch raises, or the sum is wrong)."""
-    if compile_mode in ("reduce-overhead", "max-autotune") and micro_steps > 1:
+def check_compile_mode(compile_mode: str, micro_steps: int, device_type: str):
+    """torch.compile's 'reduce-overhead' and 'max-autotune' modes capture CUDA graphs on a GPU, whose outputs live
+    in memory the next replay reuses, and a backward pass's outputs are the gradients: with several micro-steps per
+    process, the next micro-step's graphs overwrite the gradients being summed (torch raises, or the sum is wrong).
+    Elsewhere those modes capture no graphs, so any number of micro-steps is fine."""
+    if device_type == "cuda" and compile_mode in ("reduce-overhead", "max-autotune") and micro_steps > 1:
         raise UserError(f"compile_mode={compile_mode!r} captures CUDA graphs, which overwrite the gradients that "
                         f"{micro_steps} micro-steps per process sum: use compile_mode='max-autotune-no-cudagraphs' (or "
                         "'default'), or one micro-step per process (gradient_accumulation_steps = the number of "

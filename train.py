@@ -115,7 +115,7 @@ ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model: slower start, faster steps
-compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels, CUDA graphs), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs'; the two with CUDA graphs need one micro-step per process [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
+compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels, CUDA graphs), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs'; on a GPU the two with CUDA graphs need one micro-step per process [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 fp8 = False  # the transformer blocks' matmuls in float8 with dynamic scaling (fp8.py): faster on GPUs of compute capability 8.9+ (H100, L4, RTX 4090); the head, embeddings, norms and the saved weights stay as they are
 attention_kernel = "auto"  # the attention kernel on CUDA: 'auto' (torch's choice: cuDNN's first on Hopper and Blackwell with a recent cuDNN, else FlashAttention), 'flash' (cuDNN's off) or 'cudnn' (cuDNN's first, where it serves the shape) [attention_kernel in ('auto', 'flash', 'cudnn')]
 sync_every_step = False  # read each step's skip and stop verdicts on the host (a device sync per step); False reads them once per log line
@@ -297,7 +297,7 @@ if __name__ == "__main__":
         raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
                         f"world size {ranks[2]}: make it a multiple of the number of processes")
     if compile:
-        check_compile_mode(compile_mode, gradient_accumulation_steps // (ranks[2] if ranks else 1))
+        check_compile_mode(compile_mode, gradient_accumulation_steps // (ranks[2] if ranks else 1), device_type)
     rank, local_rank, world_size, device = setup_distributed(ranks, device, backend, ddp_timeout)
     ddp = world_size > 1  # several processes, whichever the parallelism
     raise_held(held, world_size)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from common import UserError
+from common import UserError, check_compile_mode
 from dataset import Prefetcher, count_tokens, get_batch, larger_than_cache, load_dataset, read_batch
 from train import estimate_loss, get_lr
 
@@ -470,3 +470,13 @@ def test_another_runs_optimizer_state_is_taken_with_this_runs_settings():
     wider = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=32))
     assert take_optimizer_state(wider.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu"), saved) == \
         "its moments have other shapes"
+
+
+def test_cuda_graph_compile_modes_refuse_micro_steps_on_a_gpu_only():
+    for mode in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(UserError, match=rf"compile_mode='{mode}' captures CUDA graphs, which overwrite the gradients "
+                                            "that 4 micro-steps"):
+            check_compile_mode(mode, 4, "cuda")
+        check_compile_mode(mode, 1, "cuda")  # one micro-step: nothing to overwrite
+        check_compile_mode(mode, 4, "cpu")  # no graphs captured off CUDA
+    check_compile_mode("max-autotune-no-cudagraphs", 4, "cuda")
