@@ -339,7 +339,7 @@ if __name__ == "__main__":
                                                                     "are read without the kernel's read-ahead"
                                                                     if data["random_access"] else ""))
     if checkpoint is not None:
-        check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
+        data["vocabulary"] = check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
         change = data_change(checkpoint.get("data_files"), token_files(data))
         if change:  # more data may be meant; a changed val split makes losses before and after incomparable
             report.print(f"warning: dataset {dataset} changed since the checkpoint ("
@@ -379,7 +379,7 @@ if __name__ == "__main__":
         model = GPT(GPTConfig(**model_args))  # its state is restored with the optimizer's, below
     else:  # weights to start from: GPT-2 by name, a transformers folder, or a checkpoint file (ours or nanoGPT's)
         model, start_vocabulary, start_optimizer = load_pretrained(init_from, dropout)
-        check_vocabulary(start_vocabulary, data["vocabulary"], dataset, init_from)
+        data["vocabulary"] = check_vocabulary(start_vocabulary, data["vocabulary"], dataset, init_from)
         model.config.loss_chunk, model.config.activation_checkpointing = loss_chunk, activation_checkpointing
         for k in (*SHAPE_KEYS, *ARCH_KEYS):
             model_args[k] = getattr(model.config, k)

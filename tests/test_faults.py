@@ -330,6 +330,23 @@ def test_nodes_that_read_different_checkpoints_are_stopped_before_training(char_
     assert "error: out_dir out is in use by another train.py" in resume()
 
 
+def test_a_resume_on_data_that_no_longer_names_its_characters_keeps_the_checkpoints_characters(char_data, tmp_path):
+    """nanoGPT's layout without meta.pkl (train.bin and val.bin copied alone): the tokens are the same, so the
+    run goes on, and its checkpoints keep the characters the model was trained on, for sample.py to decode."""
+    data, out = tmp_path / "data", str(tmp_path / "out")
+    shutil.copytree(char_data, data)
+    assert run_script("train.py", *args_for(str(data), out, max_iters=4), cwd=str(tmp_path)).returncode == 0
+    before = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)["vocabulary"]
+    os.remove(data / "meta.json"), os.remove(data / "meta.pkl")
+    result = run_script("train.py", *args_for(str(data), out, max_iters=8, init_from="resume"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert saved["iter_num"] == 8 and saved["vocabulary"] == before and len(before["chars"]) == 65
+    sampled = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5",
+                         "--start=ROMEO:", cwd=str(tmp_path))
+    assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr
+
+
 def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(char_data, data)
