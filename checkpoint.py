@@ -184,6 +184,10 @@ def read_model_file(path: str, dropout: float) -> tuple[GPT, dict | None, dict |
             raise UserError(f"{path} is a nanoGPT model of {model.config.vocab_size} characters, but the alphabet of "
                             f"its dataset {data_dir} has {len(chars)}: that folder holds another text now; prepare the "
                             "text the model was trained on there")
+        if (vocab or {}).get("tokenizer") == "gpt2" and model.config.vocab_size < 50257:
+            raise UserError(f"{path} is a nanoGPT model of {model.config.vocab_size} tokens, too few for GPT-2's 50257, "
+                            f"but its dataset {data_dir} now holds GPT-2 tokens: prepare the text the model was "
+                            "trained on there")
     return model, vocab if vocab and (vocab.get("tokenizer") or vocab.get("chars")) else None, saved.get("optimizer")
 
 

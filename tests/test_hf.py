@@ -3,6 +3,7 @@ checkpoints as init_from, nanoGPT checkpoints sampled directly."""
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -251,7 +252,7 @@ def test_a_nanogpt_checkpoint_samples_and_starts_a_run(run, char_data, tmp_path,
     assert sorted(int(r["iter"]) for r in read_metrics(tmp_path / "new") if r["loss"]) == [1, 2]
 
 
-def test_a_nanogpt_checkpoint_whose_dataset_now_holds_another_alphabet_is_refused(run, tmp_path):
+def test_a_nanogpt_checkpoint_whose_dataset_now_holds_another_alphabet_or_gpt2_tokens_is_refused(run, tmp_path):
     import pickle
     other = tmp_path / "other_text"  # its dataset folder, prepared since from a text of 3 characters
     other.mkdir()
@@ -262,6 +263,15 @@ def test_a_nanogpt_checkpoint_whose_dataset_now_holds_another_alphabet_is_refuse
     torch.save({**saved, "config": {"dataset": str(other)}}, tmp_path / "nano.pt")
     with pytest.raises(UserError, match=rf"nanoGPT model of {saved['model_args']['vocab_size']} characters, but the "
                                         rf"alphabet of its dataset {other} has 3"):
+        load_trained(str(tmp_path / "nano.pt"), "")
+    os.remove(other / "meta.pkl")  # prepared since as GPT-2 tokens, whose meta.json says so
+    with open(other / "meta.json", "w") as f:
+        json.dump({"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16",
+                   "splits": {s: {"files": [f"{s}.bin"], "file_tokens": [100]} for s in ("train", "val")}}, f)
+    for split in ("train", "val"):
+        np.zeros(100, dtype=np.uint16).tofile(other / f"{split}.bin")
+    with pytest.raises(UserError, match=rf"nanoGPT model of {saved['model_args']['vocab_size']} tokens, too few for "
+                                        rf"GPT-2's 50257, but its dataset {other} now holds GPT-2 tokens"):
         load_trained(str(tmp_path / "nano.pt"), "")
 
 
