@@ -5,9 +5,9 @@ Tokenizes your own corpus into the token files that train.py reads:
     python data/prepare.py --input dump.jsonl --text_field text --out_dir data/dump --shard_tokens 100_000_000
     python data/prepare.py --input notes/ --tokenizer char --out_dir data/notes_char
 
---input takes files, folders (searched recursively) and globs of .txt (one document per file; files over 1 MB
-are cut into documents of 1 to 2 MB, at the first blank line past 1 MB, else at a line break), .jsonl (one
-JSON object per line, text in --text_field) and .parquet (needs pyarrow). Documents end with <|endoftext|>.
+--input takes files, folders (searched recursively) and globs (`**` spans folders) of .txt (one document per
+file; files over 1 MB are cut into documents of 1 to 2 MB, at the first blank line past 1 MB, else at a line
+break), .jsonl (one JSON object per line, text in --text_field) and .parquet (needs pyarrow). Documents end with <|endoftext|>.
 Each document goes to val with probability --val_fraction, decided by a hash of its text, so the split does
 not depend on file order. When every document lands in one split (one or a few documents, a single small
 .txt file), the last val_fraction of the tokens are held out as val instead.
@@ -53,7 +53,7 @@ def list_files(inputs: list[str]) -> list[str]:
         if os.path.isdir(item):
             found = sorted(os.path.join(d, f) for d, _, names in os.walk(item) for f in names if f.endswith(EXTENSIONS))
         else:
-            found = sorted(p for p in glob.glob(item) if os.path.isfile(p))
+            found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))  # ** spans folders
         if not found:
             raise PrepareError(f"--input {item} matches no {'/'.join(EXTENSIONS)} file")
         files += found
@@ -118,7 +118,7 @@ def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
         if path.endswith(".txt"):
             yield from (doc for doc in split_paragraphs(read_chunks(path)) if doc.strip())
         elif path.endswith(".jsonl"):
-            with open(path, encoding="utf-8", errors="strict") as f:
+            with open(path, encoding="utf-8-sig", errors="strict") as f:  # a byte-order mark is no text
                 try:
                     for line_number, line in enumerate(f, 1):
                         text = jsonl_text(line, text_field, f"{path} line {line_number}") if line.strip() else ""
@@ -330,6 +330,10 @@ def run_cli(job, out_dir: str):
     except UserError as e:
         sys.exit(f"error: {e}")
     except OSError as e:  # the earlier dataset is still in place: new files are put there only at the end
+        inside = e.filename is not None and os.path.abspath(str(e.filename)).startswith(os.path.abspath(out_dir) + os.sep)
+        if e.filename is not None and not inside:  # an input (a broken link, a file it may not read), not the output
+            sys.exit(f"error: cannot read {e.filename} ({e.strerror or e}): fix it or leave it out of --input; the "
+                     f"dataset in {out_dir} is unchanged")
         sys.exit(f"error: cannot write the dataset to {out_dir} ({e.strerror or e}); the dataset that was there "
                  "is unchanged")
 

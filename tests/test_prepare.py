@@ -164,6 +164,35 @@ def test_a_lone_surrogate_in_jsonl_is_an_error_not_a_traceback(tmp_path):
         list(prepare.iter_documents([str(path)]))
 
 
+def test_a_double_star_glob_spans_folders(tmp_path):
+    for path in ("top.txt", "a/one.txt", "a/b/two.txt"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("words")
+    assert prepare.list_files([str(tmp_path / "**" / "*.txt")]) == \
+        [str(tmp_path / p) for p in ("a/b/two.txt", "a/one.txt", "top.txt")]
+
+
+def test_a_byte_order_mark_starts_a_jsonl_file_without_becoming_text(tmp_path):
+    path = tmp_path / "dump.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "hello"}\n{"text": "world"}\n')
+    assert list(prepare.iter_documents([str(path)])) == ["hello", "world"]
+
+
+def test_an_input_that_cannot_be_read_is_named_as_such_and_the_dataset_stays(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("some words here")
+    os.symlink(tmp_path / "gone.txt", tmp_path / "in" / "b.txt")  # a broken link, listed by the folder walk
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "meta.json").write_text("earlier")
+    result = run_script("data/prepare.py", "--input", str(tmp_path / "in"), "--out_dir", str(out), "--tokenizer",
+                        "char", "--workers", "1", cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert result.stderr.strip() == (f"error: cannot read {tmp_path / 'in' / 'b.txt'} (No such file or directory): fix "
+                                     f"it or leave it out of --input; the dataset in {out} is unchanged")
+    assert (out / "meta.json").read_text() == "earlier"
+
+
 def test_inputs_that_match_nothing_are_an_error(tmp_path):
     with pytest.raises(prepare.PrepareError, match="matches no"):
         prepare.list_files([str(tmp_path / "*.txt")])
