@@ -151,6 +151,11 @@ def find_dataset(dataset: str) -> str:
     """The folder of a dataset: a path as given, else data/<dataset> beside this file."""
     if os.path.isdir(dataset):
         return dataset
+    if os.path.isfile(dataset):  # a token file or a text, where the folder is meant
+        folder = os.path.dirname(dataset) or "."
+        fix = (f"give its folder, --dataset={folder}" if dataset.endswith(".bin") else
+               f"prepare it first (python data/prepare.py --input {dataset} --out_dir data/NAME), then give that folder")
+        raise UserError(f"dataset '{dataset}' is a file, not a dataset folder: {fix}")
     data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
     if not os.path.isdir(data_dir):
         how = (f"python data/{dataset}/prepare.py, or data/prepare.py for your own text" if os.sep not in dataset

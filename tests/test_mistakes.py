@@ -303,6 +303,11 @@ CASES = [
     Case("init_from of another shape", "train.py", [*TRAIN, "--init_from={tmp}/hf", "--n_layer=3"],
          r"init_from=.*hf is a model of another shape: n_layer=3 \(.*hf: 2\); drop those settings",
          setup=lambda tmp, run, data: save_tiny_gpt2(tmp)),
+    Case("dataset a token file", "train.py", [*TRAIN, "--dataset={data}/train.bin"],
+         r"dataset '.*train.bin' is a file, not a dataset folder: give its folder, --dataset=.*"),
+    Case("dataset a text file", "train.py", [*TRAIN, "--dataset={tmp}/notes.txt"],
+         r"dataset '.*notes.txt' is a file, not a dataset folder: prepare it first \(python data/prepare.py --input "
+         r".*notes.txt --out_dir data/NAME\), then give that folder", setup=lambda tmp, run, data: write(os.path.join(tmp, "notes.txt"), "hi")),
     Case("meta.json file names", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.json has no train split with a list",
          setup=copy_dataset(lambda d: write(os.path.join(d, "meta.json"), open(os.path.join(d, "meta.json")).read()
                                             .replace('"train.bin"', '5')))),
