@@ -1,10 +1,12 @@
 """
 GPT-2's BPE encoding through tiktoken, also on machines that cannot reach tiktoken's download host.
 
-Routes, first that works: a rank file the caller names (or $NANOGPT_GPT2_TIKTOKEN); tiktoken's own
-download and cache; a copy cached here before; the whisper/assets/gpt2.tiktoken file inside the
-openai-whisper source package on the Python package index (downloaded, never installed). Every rank
-file is checked against GPT-2's sha256, so each route gives the same ids.
+Routes, first that works: a rank file the caller names (or $NANOGPT_GPT2_TIKTOKEN), which is then also
+cached here for the scripts that take no such setting; a copy cached here before; tiktoken's own cache and
+download; the whisper/assets/gpt2.tiktoken file inside the openai-whisper source package on the Python package
+index (downloaded, never installed). The cached copy comes before any network, so a machine that has it never
+waits on a download host it cannot reach. Every rank file is checked against GPT-2's sha256, so each route gives
+the same ids.
 """
 import os
 import shutil
@@ -63,16 +65,26 @@ def fetch_from_whisper_sdist(dest: str):
 def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
     """GPT-2's tiktoken encoding by the first route that works (see the module docstring)."""
     rank_file = rank_file or os.environ.get("NANOGPT_GPT2_TIKTOKEN")
+    cached = cache_path()
     if rank_file:
         if not os.path.isfile(rank_file):
             raise UserError(f"GPT-2 rank file {rank_file} not found: give the path of gpt2.tiktoken")
-        return encoding_from_ranks(rank_file)
+        encoding = encoding_from_ranks(rank_file)
+        if not os.path.isfile(cached):  # verified: kept for train.py's samples and sample.py, which take no path
+            try:
+                os.makedirs(os.path.dirname(cached), exist_ok=True)
+                with open(rank_file, "rb") as src, atomic_write(cached, "wb", shared=True) as out:
+                    shutil.copyfileobj(src, out)
+            except OSError:  # a read-only home: the file given still serves this run
+                pass
+        return encoding
+    if os.path.isfile(cached):
+        return encoding_from_ranks(cached)
     failures = []
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # tiktoken raises whatever its HTTP client raises when offline
         failures.append(f"tiktoken download: {e.__class__.__name__}")
-    cached = cache_path()
     if not os.path.isfile(cached):
         try:
             fetch_from_whisper_sdist(cached)

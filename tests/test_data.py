@@ -86,9 +86,41 @@ def test_gpt2_encoding_uses_a_cached_rank_file(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     os.makedirs(os.path.dirname(tokenizer.cache_path()))
     shutil.copy(gpt2_rank_file(), tokenizer.cache_path())
-    # offline, tiktoken's own download fails and the cached copy is used; online, tiktoken gives the same ids
+    # the cached copy comes first, online or not
     assert gpt2_encoding().encode("hello world") == [31373, 995]
     assert tokenizer.cache_path() == str(tmp_path / "nanogpt" / "gpt2.tiktoken")
+
+
+def test_a_rank_file_given_once_is_cached_for_the_scripts_that_take_none(tmp_path, monkeypatch):
+    import tokenizer
+    monkeypatch.delenv("NANOGPT_GPT2_TIKTOKEN", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    gpt2_encoding(gpt2_rank_file())  # as data/prepare.py --gpt2_tiktoken does
+    with open(tokenizer.cache_path(), "rb") as cached, open(gpt2_rank_file(), "rb") as given:
+        assert cached.read() == given.read()
+
+
+def test_a_cached_rank_file_is_used_before_any_download(tmp_path):
+    """A proxy that takes the connection and never answers: tiktoken's download (no timeout) would wait on it
+    for good; with the cached copy, nothing goes to the network."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    from conftest import ROOT
+    os.makedirs(tmp_path / "xdg" / "nanogpt")
+    shutil.copy(gpt2_rank_file(), tmp_path / "xdg" / "nanogpt" / "gpt2.tiktoken")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        proxy = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "TIKTOKEN_CACHE_DIR": str(tmp_path / "tk"),
+               "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "http_proxy": proxy}
+        env.pop("NANOGPT_GPT2_TIKTOKEN", None)
+        result = subprocess.run([sys.executable, "-c", "from tokenizer import gpt2_encoding; "
+                                 "print(gpt2_encoding().encode('hello world'))"], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[31373, 995]", result.stderr
 
 
 def test_a_data_change_names_each_split_that_changed():
