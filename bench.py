@@ -178,8 +178,11 @@ def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: in
 
 def make_corpus(text_path: str, out_dir: str, n_mb: int):
     """n_mb files of about 1 MB, each the paragraphs of text_path in a different order."""
-    with open(text_path, encoding="utf-8") as f:
-        paragraphs = f.read().split("\n\n")
+    try:
+        with open(text_path, encoding="utf-8") as f:
+            paragraphs = f.read().split("\n\n")
+    except UnicodeDecodeError:
+        raise UserError(f"corpus_text {text_path} is not UTF-8 text: convert it, or give another --corpus_text") from None
     os.makedirs(out_dir, exist_ok=True)
     for i in range(n_mb):
         random.Random(i).shuffle(paragraphs)
@@ -209,7 +212,10 @@ def run_measured(cmd: list[str]) -> tuple[float, int]:
             pass
         time.sleep(0.05)
     if proc.returncode:
-        raise RuntimeError(f"{cmd} failed: {proc.stderr.read()[-2000:]}")
+        lines = proc.stderr.read().strip().splitlines() or ["no output"]
+        if lines[-1].startswith("error: "):  # the script's own line (a rank file it cannot find, say)
+            raise UserError(f"{os.path.basename(cmd[1])} stopped: {lines[-1][len('error: '):]}")
+        raise RuntimeError(f"{cmd} failed: {chr(10).join(lines)[-2000:]}")  # a bug: its traceback in full
     return time.perf_counter() - t0, peak
 
 

@@ -419,6 +419,12 @@ CASES = [
     Case("bench vocab too small", "bench.py", ["--device=cpu", "--real_data=True", "--dataset={data}", "--vocab_size=10"],
          r"has token id \d+, out of range for vocab_size 10"),
     Case("bench corpus missing", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/nope.txt"], r"corpus_text .*nope.txt is not a file"),
+    Case("bench corpus not UTF-8", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/latin1.txt", "--corpus_mb=1"],
+         r"corpus_text .*latin1.txt is not UTF-8 text", setup=lambda tmp, run, data: open(os.path.join(tmp, "latin1.txt"), "wb").write(b"caf\xe9")),
+    Case("bench prepare's own error", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/c.txt", "--corpus_mb=1",
+                                                   "--gpt2_tiktoken={tmp}/nope.tiktoken"],
+         r"^error: prepare.py stopped: --gpt2_tiktoken .*nope.tiktoken is not a file$",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "c.txt"), "some text\n\nmore text")),
     Case("bench n_embd%n_head", "bench.py", ["--device=cpu", "--n_head=5", "--n_embd=768"], r"n_embd=768 is not valid"),
 ]
 
