@@ -7,19 +7,21 @@ Tokenizes your own corpus into the token files that train.py reads:
 
 --input takes files, folders (searched recursively) and globs (`**` spans folders) of .txt (one document per
 file; files over 1 MB are cut into documents of 1 to 2 MB, at the first blank line past 1 MB, else at a line
-break), .jsonl (one JSON object per line, text in --text_field) and .parquet (needs pyarrow). Documents end with <|endoftext|>.
-Each document goes to val with probability --val_fraction, decided by a hash of its text, so the split does
-not depend on file order. When every document lands in one split (one or a few documents, a single small
-.txt file), the last val_fraction of the tokens are held out as val instead.
+break), .jsonl (one JSON object per line, text in --text_field) and .parquet (needs pyarrow). Documents end
+with <|endoftext|>. Each document goes to val with probability --val_fraction, decided by a hash of its text,
+so the split does not depend on file order. When every document lands in one split (one or a few documents, a
+single small .txt file), the last val_fraction of the tokens are held out as val instead.
 
 Writes {split}.bin, or {split}_000.bin, {split}_001.bin, ... with --shard_tokens, as uint16 when the
-vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files).
+vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files). A
+second prepare into the folder meanwhile is refused (an flock on the folder), since their files would mix.
 Files are read as they are tokenized, through worker processes, so memory stays bounded whatever the
 corpus or file size.
 """
 import argparse
 import codecs
 import collections
+import contextlib
 import glob
 import hashlib
 import json
@@ -305,20 +307,52 @@ def make_out_dir(out_dir: str):
     os.makedirs(out_dir, exist_ok=True)
 
 
+HELD: set[str] = set()  # the folders this process holds (see holding), by real path
+
+
+@contextlib.contextmanager
+def holding(out_dir: str):
+    """make_out_dir, then hold the folder for the block, with an flock on the folder itself (no file left in it,
+    released by the kernel however the process ends): two prepares writing one folder at once would put one's
+    token files beside the other's meta.json, so the second is refused. A hold inside another of the same folder
+    (a script's own files around write_dataset's) is part of it."""
+    import fcntl
+    make_out_dir(out_dir)
+    key = os.path.realpath(out_dir)
+    if key in HELD:
+        yield
+        return
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise PrepareError(f"--out_dir {out_dir} is being written by another prepare: wait for it to end, or choose "
+                           "another --out_dir") from None
+    except OSError:  # a filesystem without locks (some NFS or FUSE mounts): write unguarded, as before
+        pass
+    HELD.add(key)
+    try:
+        yield
+    finally:
+        HELD.discard(key)
+        os.close(fd)
+
+
 def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict) -> dict:
     """Write whole splits ({split: token ids}) and meta.json (meta with the splits' entries added), all or
     nothing: on any failure the .tmp files go and the dataset that was there stays. Returns the entries."""
-    make_out_dir(out_dir)
-    writers = {split: TokenWriter(out_dir, split, ids.dtype) for split, ids in parts.items()}
-    try:
-        for split, ids in parts.items():
-            writers[split].write(ids)
-        splits = {split: writer.finish() for split, writer in writers.items()}
-        write_meta(out_dir, {**meta, "splits": splits})
-    except BaseException:
-        for writer in writers.values():
-            writer.discard()
-        raise
+    with holding(out_dir):
+        writers = {split: TokenWriter(out_dir, split, ids.dtype) for split, ids in parts.items()}
+        try:
+            for split, ids in parts.items():
+                writers[split].write(ids)
+            splits = {split: writer.finish() for split, writer in writers.items()}
+            write_meta(out_dir, {**meta, "splits": splits})
+        except BaseException:
+            for writer in writers.values():
+                writer.discard()
+            raise
     return splits
 
 
@@ -357,55 +391,56 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         gpt2_encoding(rank_file)  # find (and cache) the rank file once here, not in every worker
     vocab_size = len(chars) + 1 if tokenizer == "char" else EOT + 1
     dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
-    make_out_dir(out_dir)
-    writers = {split: TokenWriter(out_dir, split, dtype, shard_tokens) for split in ("train", "val")}
-    workers = workers or os.cpu_count() or 1
-    max_id, n_chars, t0, shown = -1, 0, time.time(), 0.0
-    try:
-        with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
-                                                       (tokenizer, chars, rank_file, val_fraction, seed)) as pool:
-            pending = collections.deque()  # a few batches in flight: enough to keep workers busy, bounded in memory
+    with holding(out_dir):
+        writers = {split: TokenWriter(out_dir, split, dtype, shard_tokens) for split in ("train", "val")}
+        workers = workers or os.cpu_count() or 1
+        max_id, n_chars, t0, shown = -1, 0, time.time(), 0.0
+        try:
+            with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
+                                                           (tokenizer, chars, rank_file, val_fraction, seed)) as pool:
+                pending = collections.deque()  # a few batches in flight: enough to keep workers busy, memory bounded
 
-            def drain_one():
-                nonlocal max_id
-                for is_val, ids in pending.popleft().get():
-                    writers["val" if is_val else "train"].write(ids)
-                    if len(ids):
-                        max_id = max(max_id, int(ids.max()))
+                def drain_one():
+                    nonlocal max_id
+                    for is_val, ids in pending.popleft().get():
+                        writers["val" if is_val else "train"].write(ids)
+                        if len(ids):
+                            max_id = max(max_id, int(ids.max()))
 
-            for batch in batches(documents):
-                n_chars += sum(len(d) for d in batch)
-                pending.append(pool.apply_async(_encode_batch, (batch,)))
-                if len(pending) >= 2 * workers:
+                for batch in batches(documents):
+                    n_chars += sum(len(d) for d in batch)
+                    pending.append(pool.apply_async(_encode_batch, (batch,)))
+                    if len(pending) >= 2 * workers:
+                        drain_one()
+                    if progress and time.time() - shown > 0.5:
+                        shown = time.time()
+                        tokens = sum(sum(w.counts) for w in writers.values())
+                        print(f"\r{tokens:,} tokens, {n_chars / 1e6:,.0f}M characters, "
+                              f"{tokens / (shown - t0):,.0f} tokens/s", end="", file=sys.stderr, flush=True)
+                while pending:
                     drain_one()
-                if progress and time.time() - shown > 0.5:
-                    shown = time.time()
-                    tokens = sum(sum(w.counts) for w in writers.values())
-                    print(f"\r{tokens:,} tokens, {n_chars / 1e6:,.0f}M characters, "
-                          f"{tokens / (shown - t0):,.0f} tokens/s", end="", file=sys.stderr, flush=True)
-            while pending:
-                drain_one()
-        splits = {split: w.finish() for split, w in writers.items()}
-        documents = sum(s["documents"] for s in splits.values())
-        total = sum(s["tokens"] for s in splits.values())
-        if total < 2:
-            raise PrepareError(f"the corpus gave {total} tokens ({documents} non-blank documents): check --input")
-        if 0 in (splits["train"]["tokens"], splits["val"]["tokens"]):
-            writers = split_by_position(writers, val_fraction)
             splits = {split: w.finish() for split, w in writers.items()}
-            print(("\n" if shown else "") + f"note: every document ({documents}) went to one split, so val is instead the "
-                  f"last {splits['val']['tokens']:,} tokens of the corpus (val_fraction {val_fraction})", file=sys.stderr)
-        meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name,
-                "eot_token": vocab_size - 1, "max_token_id": max_id, "splits": splits, "source": source}
-        if tokenizer == "char":
-            meta["chars"] = chars
-        write_meta(out_dir, meta)  # puts the new token files in place, then meta.json
-    except BaseException:
-        for writer in writers.values():
-            writer.discard()
-        if shown:
-            print(file=sys.stderr)  # end the progress line, so an error starts a line of its own
-        raise
+            documents = sum(s["documents"] for s in splits.values())
+            total = sum(s["tokens"] for s in splits.values())
+            if total < 2:
+                raise PrepareError(f"the corpus gave {total} tokens ({documents} non-blank documents): check --input")
+            if 0 in (splits["train"]["tokens"], splits["val"]["tokens"]):
+                writers = split_by_position(writers, val_fraction)
+                splits = {split: w.finish() for split, w in writers.items()}
+                print(("\n" if shown else "") + f"note: every document ({documents}) went to one split, so val is "
+                      f"instead the last {splits['val']['tokens']:,} tokens of the corpus (val_fraction {val_fraction})",
+                      file=sys.stderr)
+            meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name,
+                    "eot_token": vocab_size - 1, "max_token_id": max_id, "splits": splits, "source": source}
+            if tokenizer == "char":
+                meta["chars"] = chars
+            write_meta(out_dir, meta)  # puts the new token files in place, then meta.json
+        except BaseException:
+            for writer in writers.values():
+                writer.discard()
+            if shown:
+                print(file=sys.stderr)  # end the progress line, so an error starts a line of its own
+            raise
     if progress:
         elapsed = time.time() - t0
         total = sum(s["tokens"] for s in splits.values())

@@ -193,6 +193,25 @@ def test_an_input_that_cannot_be_read_is_named_as_such_and_the_dataset_stays(tmp
     assert (out / "meta.json").read_text() == "earlier"
 
 
+def test_a_prepare_into_a_folder_another_prepare_is_writing_is_refused(tmp_path):
+    (tmp_path / "a.txt").write_text("some words here")
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "meta.json").write_text("the other prepare's")
+    with prepare.holding(str(out)):  # as a prepare running in another process holds it
+        result = run_script("data/prepare.py", "--input", str(tmp_path / "a.txt"), "--out_dir", str(out),
+                            "--tokenizer", "char", "--workers", "1", cwd=str(tmp_path))
+        assert result.returncode != 0
+        assert result.stderr.strip() == (f"error: --out_dir {out} is being written by another prepare: wait for it to "
+                                         "end, or choose another --out_dir")
+        assert (out / "meta.json").read_text() == "the other prepare's"
+    result = run_script("data/prepare.py", "--input", str(tmp_path / "a.txt"), "--out_dir", str(out), "--tokenizer",
+                        "char", "--workers", "1", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "meta.json").read_text())["chars"] == " dehmorsw"
+    assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]  # the hold leaves no file behind
+
+
 def test_inputs_that_match_nothing_are_an_error(tmp_path):
     with pytest.raises(prepare.PrepareError, match="matches no"):
         prepare.list_files([str(tmp_path / "*.txt")])

@@ -22,7 +22,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root, for data.prepare
-from data.prepare import CharCodec, PrepareError, make_out_dir, read_text, run_cli, write_dataset  # noqa: E402
+from data.prepare import CharCodec, PrepareError, holding, read_text, run_cli, write_dataset  # noqa: E402
 from common import atomic_write  # noqa: E402
 from tokenizer import download_sdist  # noqa: E402
 
@@ -97,9 +97,8 @@ def prepare(text: str, out_dir: str, source: str = "text given to prepare()") ->
     ids = CharCodec(chars).encode(text).astype(np.uint16)
     n_train = int(len(ids) * 0.9)
     description = describe_text(text, source)
-    make_out_dir(out_dir)
     # meta.pkl is written first and renamed into place last, so a failure anywhere leaves the earlier dataset whole
-    with atomic_write(os.path.join(out_dir, "meta.pkl"), "wb") as f:
+    with holding(out_dir), atomic_write(os.path.join(out_dir, "meta.pkl"), "wb") as f:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
         f.flush()
         os.fsync(f.fileno())  # a full disk shows here, before the dataset is replaced
