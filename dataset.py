@@ -164,11 +164,24 @@ def find_dataset(dataset: str) -> str:
     return data_dir
 
 
+OPEN_FILES: dict[str, object] = {}  # token file path -> the file, open since this process first read it
+
+
+def open_token_file(path: str, fresh: bool = False):
+    """The token file at path as this process last opened it afresh (count_tokens does, as load_dataset takes
+    stock), kept open: a prepare that replaces the dataset while a run reads it (a new file under the old name)
+    leaves the run on the data it counted and started with, rather than reading windows of the old counts in the
+    new files (an IndexError, or other ids)."""
+    if fresh or path not in OPEN_FILES:
+        OPEN_FILES[path] = open(path, "rb")  # the file it replaces closes when its last map goes
+    return OPEN_FILES[path]
+
+
 def count_tokens(path: str, dtype) -> int:
     """Number of tokens in a token file, or a UserError when it is missing, empty or torn."""
     if not os.path.isfile(path):
         raise UserError(f"token file {path} is missing: prepare the dataset again")
-    n_bytes, itemsize = os.path.getsize(path), np.dtype(dtype).itemsize
+    n_bytes, itemsize = os.fstat(open_token_file(path, fresh=True).fileno()).st_size, np.dtype(dtype).itemsize
     if n_bytes == 0:
         raise UserError(f"token file {path} is empty: prepare the dataset again")
     if n_bytes % itemsize:
@@ -263,12 +276,12 @@ def seed_from(key: tuple[int, ...]) -> int:
 
 
 def token_map(path: str, dtype, random_access: bool = False) -> np.ndarray:
-    """A token file as a read-only array, mapped afresh (a long-lived map grows in RAM). Each page fault on it
-    makes Linux read ahead around the page, up to the device's read_ahead_kb (8 MB on some disks): a file that
-    fits in the page cache is soon read whole that way, but in a dataset larger than RAM every window would read
-    megabytes to use kilobytes. random_access turns that off for this map (madvise MADV_RANDOM, where there is one)."""
-    with open(path, "rb") as f:
-        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays mapped while the array holds it
+    """A token file (the one counted: open_token_file) as a read-only array, mapped afresh (a long-lived map grows
+    in RAM). Each page fault on it makes Linux read ahead around the page, up to the device's read_ahead_kb (8 MB
+    on some disks): a file that fits in the page cache is soon read whole that way, but in a dataset larger than
+    RAM every window would read megabytes to use kilobytes. random_access turns that off for this map (madvise
+    MADV_RANDOM, where there is one)."""
+    view = mmap.mmap(open_token_file(path).fileno(), 0, access=mmap.ACCESS_READ)  # mapped while the array holds it
     if random_access and hasattr(mmap, "MADV_RANDOM"):
         view.madvise(mmap.MADV_RANDOM)
     return np.frombuffer(view, dtype=dtype)

@@ -217,6 +217,18 @@ def test_load_dataset_errors(tmp_path):
         load_dataset("nowhere", 16)
 
 
+def test_a_dataset_prepared_again_under_a_running_reader_leaves_it_on_the_data_it_loaded(tmp_path):
+    data = load_dataset(write_dataset(tmp_path / "d", [1000], 100), 16)
+    before = read_batch(data["splits"]["train"], data["dtype"], 8, 16, (0, 1))
+    new = tmp_path / "d" / "train_000.bin.tmp"  # as a prepare puts its files in place: a new file, renamed over
+    (np.arange(20, dtype=np.uint16) + 5000).tofile(new)
+    os.replace(new, tmp_path / "d" / "train_000.bin")
+    after = read_batch(data["splits"]["train"], data["dtype"], 8, 16, (0, 1))  # counted 1000 tokens: all still there
+    assert all(torch.equal(a, b) for a, b in zip(before, after)) and int(after[0].max()) < 1000
+    with pytest.raises(UserError, match=r"hold \[20\] tokens but meta.json says \[1000\]"):
+        load_dataset(str(tmp_path / "d"), 16)  # a new load takes stock afresh
+
+
 def test_load_dataset_without_meta_scans_for_the_largest_id(tmp_path):
     write_tokens(tmp_path / "train.bin", 500)
     write_tokens(tmp_path / "val.bin", 100, start=1000)
