@@ -332,13 +332,12 @@ class Prefetcher:
     host tensors, pinned for a GPU (see read_batch)."""
 
     def __init__(self, read, keys, depth: int, device: str):
-        import torch
         self.read, self.keys, self.device, self.pending, self.pool = read, iter(keys), device, deque(), None
         if depth > 0:
-            # one CPU thread each for their copies (a per-thread setting, as in DataLoader's pinning thread): the
-            # cores are the main thread's
-            self.pool = ThreadPoolExecutor(depth, thread_name_prefix="prefetch", initializer=torch.set_num_threads,
-                                           initargs=(1,))
+            # no torch.set_num_threads(1) in these threads: it sets the default of every thread that has not yet
+            # computed, the main one included, which would then train on one core (and a resume, whose main thread
+            # computed while loading, on all: not the same sums). Their copies are too small to go parallel anyway.
+            self.pool = ThreadPoolExecutor(depth, thread_name_prefix="prefetch")
             for _ in range(depth):
                 self.read_ahead()
 

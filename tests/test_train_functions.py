@@ -229,6 +229,31 @@ def test_a_dataset_prepared_again_under_a_running_reader_leaves_it_on_the_data_i
         load_dataset(str(tmp_path / "d"), 16)  # a new load takes stock afresh
 
 
+THREADS_AFTER_PREFETCH = """
+import sys
+sys.path.insert(0, {root!r})
+import torch
+from dataset import Prefetcher
+if {prefetch}:
+    batches = Prefetcher(lambda key: (torch.zeros(2, 2), torch.zeros(2, 2)), range(4), 2, "cpu")
+    next(batches), next(batches)
+print(torch.get_num_threads())
+"""
+
+
+def test_reading_ahead_leaves_the_main_thread_all_its_cores():
+    """In a fresh interpreter, as `python train.py` starts (the suite's scripts fork from a warm one, whose main
+    thread has computed already and so keeps its count): a reader thread's torch.set_num_threads(1) would become
+    the main thread's default, and a new run would train on one core while its resume trained on all."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    threads = [int(subprocess.run([sys.executable, "-c", THREADS_AFTER_PREFETCH.format(root=ROOT, prefetch=p)],
+                                  capture_output=True, text=True, env=env, check=True).stdout) for p in (False, True)]
+    assert threads[1] == threads[0]
+
+
 def test_load_dataset_without_meta_scans_for_the_largest_id(tmp_path):
     write_tokens(tmp_path / "train.bin", 500)
     write_tokens(tmp_path / "val.bin", 100, start=1000)
