@@ -545,6 +545,7 @@ if __name__ == "__main__":
                                prefetch_batches, device)
     X, Y = next(train_batches)
     t_log, iters_since_log = time.monotonic(), 0
+    stopped_by_signal = False  # the loop's own verdict: under DDP the signal may have come to another rank
     while True:
         lr = (get_lr(iter_num, learning_rate, warmup_iters, lr_decay_iters, min_lr, lr_schedule, cooldown_frac)
               if decay_lr else learning_rate)
@@ -635,6 +636,7 @@ if __name__ == "__main__":
                     train_time += time.monotonic() - t_log
                 save(evaluated=False, improved=False)
                 report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume", always=True)
+                stopped_by_signal = True
                 break
 
     train_batches.close()
@@ -642,7 +644,7 @@ if __name__ == "__main__":
     # ---- summary
     steps_done = iter_num - start_iter
     report.summary({
-        "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stop.requested, "skipped_steps": int(skipped_steps.item()),
+        "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stopped_by_signal, "skipped_steps": int(skipped_steps.item()),
         "final_train_loss": last_losses["train"] if last_losses else None,
         "final_val_loss": last_losses["val"] if last_losses else None, "final_loss_iter": last_eval_iter,
         "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else None, "best_iter": best_iter,

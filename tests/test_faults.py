@@ -239,6 +239,8 @@ def test_sigterm_to_one_ddp_rank_saves_and_stops_both(char_data, tmp_path):
     assert proc.returncode == 0, stderr
     saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
     assert saved["iter_num"] == max(losses(out)) < 200 and len(saved["rng_states"]) == 2
+    with open(os.path.join(out, "summary.json")) as f:  # rank 0 writes it, and was not the one signalled
+        assert json.load(f)["stopped_by_signal"] is True
 
 
 def test_a_ddp_rank_killed_makes_the_other_exit(char_data, tmp_path):
