@@ -565,15 +565,20 @@ if __name__ == "__main__":
                 losses["hellaswag"] = score(raw_model, *hellaswag, device, ctx, rank, world_size)["acc_norm"]
             report.eval(iter_num, tokens_seen, losses)
             final = iter_num >= max_iters  # always saved, so a finished run is known as one and resumes as nothing
-            if iter_num > 0 and math.isfinite(losses["val"]) and (improved or always_save_checkpoint or final):
-                save(evaluated=True, improved=improved)
-                saved_iter = iter_num
-            elif final and not math.isfinite(losses["val"]):  # not a finished run: its last weights are not finite
+            finite = math.isfinite(losses["val"])
+            if final and not finite:  # not a finished run: its last weights are not finite
                 raise UserError(f"the last evaluation (iter {iter_num}) gave val loss {losses['val']}: the weights are "
                                 f"not finite and were not saved; {kept_checkpoint(out_dir, saved_iter)}. Lower "
                                 "learning_rate, raise warmup_iters or check the data")
+            # the sample before the save: a kill between the two then redoes both on resume, rather than neither
             if master_process and sample_interval and evals_done % sample_interval == 0:
-                write_sample(iter_num)
+                if finite:
+                    write_sample(iter_num)
+                else:  # nothing to sample from
+                    report.print(f"iter {iter_num}: no sample, the val loss is {losses['val']}", always=True)
+            if iter_num > 0 and finite and (improved or always_save_checkpoint or final):
+                save(evaluated=True, improved=improved)
+                saved_iter = iter_num
             t_log += time.monotonic() - t_eval  # keep evaluation out of the ms/iter figures
         skip_first_eval = False
         if iter_num >= max_iters:

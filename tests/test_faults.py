@@ -105,6 +105,33 @@ def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run
     assert_same_run(straight_run, out)
 
 
+def test_a_kill_right_after_a_checkpoint_loses_no_sample(char_data, tmp_path):
+    """Each eval's sample is written before its checkpoint: once ckpt.pt of iter 4 is there, so is iter 4's sample
+    (written after it, a kill while sampling would leave a checkpoint that the resume takes as evaluated and
+    sampled, and the sample would never be written)."""
+    out = str(tmp_path / "out")
+    proc = start(char_data, out, str(tmp_path), max_iters=8, eval_interval=4, sample_interval=1, sample_tokens=3000)
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(out, "ckpt.pt")):
+        assert time.time() < deadline and proc.poll() is None, "no checkpoint at iter 4"
+        time.sleep(0.02)
+    proc.kill()
+    proc.communicate()
+    result = run_script("train.py", *args_for(char_data, out, max_iters=8, eval_interval=4, sample_interval=1,
+                                              sample_tokens=3000, init_from="resume"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    from report import read_samples
+    assert [it for it, _ in read_samples(os.path.join(out, "samples.txt"))] == [0, 4, 8]
+
+
+def test_an_eval_of_weights_that_are_not_finite_writes_no_sample(char_data, tmp_path):
+    result = run_script("train.py", *args_for(char_data, str(tmp_path / "out"), max_iters=8, eval_interval=4,
+                                              sample_interval=1, learning_rate=1e30, min_lr=0, grad_clip=0,
+                                              max_nonfinite_steps=100), cwd=str(tmp_path))
+    assert "iter 4: no sample, the val loss is nan" in result.stdout
+    assert result.stderr.strip().startswith("error: the last evaluation (iter 8) gave val loss nan")
+
+
 def test_a_stop_before_the_first_log_line_still_counts_its_steps_in_the_summary(char_data, tmp_path):
     out = str(tmp_path / "out")
     proc = start(char_data, out, str(tmp_path), log_interval=1000, max_iters=1000)
