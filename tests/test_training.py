@@ -97,6 +97,16 @@ def test_a_llama_style_run_resumes_exactly_and_its_checkpoint_rebuilds_the_model
     assert "another model shape: mlp='relu2' (checkpoint: 'swiglu')" in clash.stderr
 
 
+def test_a_quiet_resume_still_names_the_settings_it_changed(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_script("train.py", *tiny_args(char_data, out, max_iters=2), cwd=str(tmp_path)).returncode == 0
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=4, learning_rate=1e-3, init_from="resume",
+                                               log_format="quiet"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "resumed with settings other than the run's: log_format='quiet' (was 'text'), learning_rate=0.001 (was " \
+           "0.003), max_iters=4 (was 2)\n" in result.stdout
+
+
 def test_resume_without_checkpoint_is_a_one_line_error(char_data, tmp_path):
     result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "empty"), init_from="resume"), cwd=str(tmp_path))
     assert result.returncode != 0
