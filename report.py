@@ -110,9 +110,12 @@ class Reporter:
         -1 drops them all), start wandb when wandb_settings (project, name, id) are given; returns the wandb run id."""
         if not self.active:
             return None
-        if truncate_at is not None and truncate_at >= 0 and os.path.exists(metrics.metrics_path(self.out_dir)):
+        path = metrics.metrics_path(self.out_dir)
+        if truncate_at is not None and truncate_at >= 0 and os.path.exists(path):
             metrics.read_rows(self.out_dir)  # a damaged metrics.csv is an error before any file is written
-            metrics.check_columns(metrics.metrics_path(self.out_dir))
+            metrics.check_columns(path)
+            if not os.access(path, os.W_OK):  # and so is one the run could not go on writing
+                raise UserError(f"{path} is not writable: make it writable (chmod u+w), then resume")
         run_id = None
         if wandb_settings is not None:
             import wandb

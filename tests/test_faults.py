@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from common import FolderLock
+from common import FolderLock, UserError
 from conftest import ROOT, read_metrics, run_script, step_losses
 
 pytestmark = pytest.mark.slow  # each test runs the scripts end to end
@@ -374,6 +374,33 @@ def test_a_resume_on_data_that_no_longer_names_its_characters_keeps_the_checkpoi
     sampled = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5",
                          "--start=ROMEO:", cwd=str(tmp_path))
     assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr
+
+
+def test_a_resume_whose_metrics_csv_cannot_be_written_is_refused_before_any_file_changes(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_script("train.py", *args_for(char_data, out, max_iters=4), cwd=str(tmp_path)).returncode == 0
+    path = os.path.join(out, "metrics.csv")
+    os.chmod(path, 0o444)
+    immutable = os.access(path, os.W_OK)  # root: the mode does not stop it, the immutable flag does
+    if immutable:
+        subprocess.run(["chattr", "+i", path], check=True)
+    try:
+        before = digests(out)
+        result = run_script("train.py", *args_for(char_data, out, max_iters=8, init_from="resume"), cwd=str(tmp_path))
+        assert result.returncode != 0
+        assert result.stderr.strip() == f"error: {path} is not writable: make it writable (chmod u+w), then resume"
+        assert digests(out) == before
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", path], check=True)
+
+
+def test_a_metrics_row_that_cannot_be_written_is_one_error_line(tmp_path):
+    import metrics
+    os.makedirs(tmp_path / "metrics.csv")  # where the file should be: open() fails as on a full disk
+    with pytest.raises(UserError, match=r"cannot write .*metrics.csv \(Is a directory\): free space on its disk or "
+                                        r"make it writable, then continue with --init_from=resume"):
+        metrics.append_row(str(tmp_path), {"iter": 1, "loss": 2.0})
 
 
 def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
