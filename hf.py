@@ -31,14 +31,14 @@ def transformers_module():
 def hf_family(config: GPTConfig) -> str:
     """'gpt2' or 'llama': the transformers class that computes exactly what this model does, or a UserError."""
     if (config.pos_emb, config.norm, config.mlp, config.qk_norm) == ("learned", "layernorm", "gelu", False) \
-            and config.kv_heads == config.n_head and config.tie_embeddings:
+            and config.kv_heads == config.n_head:
         return "gpt2"
     if (config.pos_emb, config.norm, config.mlp, config.qk_norm) == ("rope", "rmsnorm", "swiglu", False):
         return "llama"
     raise UserError(f"transformers has no model class for pos_emb={config.pos_emb}, norm={config.norm}, "
                     f"mlp={config.mlp}, n_kv_head={config.n_kv_head}, qk_norm={config.qk_norm}, "
                     f"tie_embeddings={config.tie_embeddings}: export supports GPT-2's shape (learned, layernorm, "
-                    "gelu, tied, no GQA or qk_norm) and LLaMA's (rope, rmsnorm, swiglu, no qk_norm)")
+                    "gelu, no GQA or qk_norm) and LLaMA's (rope, rmsnorm, swiglu, no qk_norm)")
 
 
 def hf_config(config: GPTConfig, special_tokens: dict):
@@ -49,7 +49,7 @@ def hf_config(config: GPTConfig, special_tokens: dict):
         return tf.GPT2Config(vocab_size=config.vocab_size, n_positions=config.block_size, n_embd=config.n_embd,
                              n_layer=config.n_layer, n_head=config.n_head, n_inner=config.hidden,
                              activation_function="gelu_new", layer_norm_epsilon=EPS, resid_pdrop=0.0,
-                             embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True, nanogpt_bias=config.bias,
+                             embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=config.tie_embeddings, nanogpt_bias=config.bias,
                              **special_tokens)
     return tf.LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.hidden,
                           num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
@@ -146,7 +146,8 @@ def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
                             "attention scores scaled by 1/sqrt(head size) alone")
         bias = getattr(hf, "nanogpt_bias", True)
         config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
-                           n_embd=hf.n_embd, bias=bias, dropout=dropout, mlp_hidden=hf.n_inner or 0)
+                           n_embd=hf.n_embd, bias=bias, dropout=dropout, mlp_hidden=hf.n_inner or 0,
+                           tie_embeddings=hf.tie_word_embeddings)  # untied: lm_head.weight is its own
         state = {k: v.t() if k.endswith(CONV1D) else v for k, v in sd.items()
                  if not k.endswith((".attn.bias", ".attn.masked_bias"))}
         if not bias:  # exported from a model without biases: they are zeros, and only then may be dropped

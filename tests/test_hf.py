@@ -37,6 +37,7 @@ def logits_of(model, idx):
 
 
 @pytest.mark.parametrize("arch,cls", [(GPT2_SHAPE, "GPT2LMHeadModel"), (dict(bias=False), "GPT2LMHeadModel"),
+                                      (dict(tie_embeddings=False), "GPT2LMHeadModel"),
                                       (LLAMA_SHAPE, "LlamaForCausalLM"), (dict(LLAMA_SHAPE, bias=True, n_kv_head=0,
                                                                                tie_embeddings=True), "LlamaForCausalLM")])
 def test_exported_folder_loads_in_transformers_with_our_logits(tmp_path, arch, cls):
@@ -74,7 +75,7 @@ def test_an_exported_padded_vocabulary_never_generates_a_padding_id(tmp_path):
     assert len(generated) == 5 and generated.max() < 50257
 
 
-@pytest.mark.parametrize("arch", [GPT2_SHAPE, dict(bias=False), LLAMA_SHAPE])
+@pytest.mark.parametrize("arch", [GPT2_SHAPE, dict(bias=False), dict(tie_embeddings=False), LLAMA_SHAPE])
 def test_ours_to_transformers_to_ours_is_bit_exact(tmp_path, arch):
     model = random_model(**arch)
     hf.to_transformers(model).save_pretrained(str(tmp_path))
@@ -98,7 +99,7 @@ def test_a_transformers_gpt2_loads_with_its_logits(tmp_path):
 
 
 @pytest.mark.parametrize("arch", [dict(mlp="relu2"), dict(qk_norm=True), dict(pos_emb="rope"),
-                                  dict(LLAMA_SHAPE, norm="layernorm"), dict(tie_embeddings=False)])
+                                  dict(LLAMA_SHAPE, norm="layernorm"), dict(n_kv_head=1)])
 def test_combinations_without_a_transformers_class_are_refused(tmp_path, arch):
     with pytest.raises(UserError, match="transformers has no model class for"):
         export(random_model(**arch), None, str(tmp_path / "hf"), "float32", False)
