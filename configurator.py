@@ -36,22 +36,25 @@ def config_keys(scope: dict) -> dict:
     return {k: v for k, v in scope.items() if not k.startswith("_") and type(v) in (int, float, bool, str)}
 
 
-def _checked(key: str, value, config: dict, source: str, autos=()):
-    """value for the setting key, checked against config's keys and its default's type; the settings in
-    `autos` also take the string 'auto' (their rules say what it means)."""
-    if key not in config:
-        close = difflib.get_close_matches(key, config, n=1)
+def _checked(key: str, value, defaults: dict, source: str, autos=()):
+    """value for the setting key, checked against the defaults' keys and its default's type (not the type of what
+    an earlier file or flag set: --batch_size=auto --batch_size=12 is fine); the settings in `autos` also take
+    the string 'auto' (their rules say what it means)."""
+    if key not in defaults:
+        close = difflib.get_close_matches(key, defaults, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the keys"
         raise UserError(f"unknown config key '{key}' in {source}{hint}")
-    current = config[key]  # the default, or what an earlier config file or flag set; the type is the default's
-    if type(current) is float and type(value) is int:
+    default = defaults[key]
+    if type(default) is float and type(value) is int:
+        if abs(value) > 2 ** 1023:
+            raise UserError(f"config key '{key}' in {source} is too large for a float: got {len(str(abs(value)))} "
+                            "digits")
         return float(value)
     if key in autos and value == "auto":
         return value
-    if type(value) is not type(current):
-        kind = type(current).__name__ + (" or 'auto'" if key in autos else "")
-        raise UserError(f"config key '{key}' in {source} must be {kind} "
-                        f"(as its value so far, {current!r}), got {value!r}")
+    if type(value) is not type(default):
+        kind = type(default).__name__ + (" or 'auto'" if key in autos else "")
+        raise UserError(f"config key '{key}' in {source} must be {kind} (default {default!r}), got {value!r}")
     return value
 
 
@@ -60,16 +63,16 @@ def parse_value(raw: str, default):
     Where the default is a string, the raw text is kept unless it is a quoted string."""
     try:
         value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, MemoryError, RecursionError):  # the last two: a pathologically nested literal
         return raw
     if isinstance(default, str) and not isinstance(value, str):
         return raw  # --wandb_run_name=2024 is the name "2024"
     return value
 
 
-def apply_file(path: str, config: dict, ignored=(), autos=()) -> dict:
-    """Run a config file with the current settings in scope and return the settings it changed; keys in
-    `ignored` are accepted and dropped, keys in `autos` may be 'auto'."""
+def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | None = None) -> dict:
+    """Run a config file with the current settings (config) in scope and return the settings it changed, typed
+    as `defaults` (None: config itself); keys in `ignored` are accepted and dropped, keys in `autos` may be 'auto'."""
     if os.path.isdir(path):
         run = f"; for the run in it, pass --out_dir={path}" if "out_dir" in config else ""
         raise UserError(f"'{path}' is a folder, not a config file: settings are given as --key=value{run}")
@@ -91,12 +94,15 @@ def apply_file(path: str, config: dict, ignored=(), autos=()) -> dict:
         line = next((frame.lineno for frame in reversed(traceback.extract_tb(e.__traceback__))
                      if frame.filename == path), "?")
         raise UserError(f"config file '{path}' line {line} raised {e.__class__.__name__}: {e}") from None
+    imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(ast.parse(source))
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     changed = {}
     for key, value in scope.items():
-        if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)) or key in ignored:
-            continue  # imports, helpers and private names in a config file are its own business
+        if key.startswith("_") or isinstance(value, types.ModuleType) or callable(value) or key in ignored \
+                or (key in imported and key not in config):
+            continue  # imports (from math import sqrt, pi), helpers and private names are the file's own business
         if key not in config or value is not config[key]:
-            changed[key] = _checked(key, value, config, f"config file '{path}'", autos)
+            changed[key] = _checked(key, value, defaults or config, f"config file '{path}'", autos)
     return changed
 
 
@@ -108,19 +114,19 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
     if script is not None and ("--help" in argv or "-h" in argv):
         print(describe(script, config))
         sys.exit(0)
-    config = dict(config)
+    defaults, config = config, dict(config)
     setting_rules = rules(script, config) if script is not None else {}
     autos = {k for k, rule in setting_rules.items() if "'auto'" in rule and type(config[k]) is not str}
     for arg in argv:
         if not arg.startswith("--"):
-            config.update(apply_file(arg, config, ignored, autos))
+            config.update(apply_file(arg, config, ignored, autos, defaults))
             continue
         key, sep, raw = arg[2:].partition("=")  # split on the first '=' only: --wandb_run_name=lr=3e-4
         if not sep:
             raise UserError(f"flag '{arg}' has no value: write --{key}=VALUE")
         if key in ignored:
             continue
-        config[key] = _checked(key, parse_value(raw, config.get(key)), config, f"flag '{arg}'", autos)
+        config[key] = _checked(key, parse_value(raw, defaults.get(key)), defaults, f"flag '{arg}'", autos)
     if check:
         check_rules(config, setting_rules)
     return config

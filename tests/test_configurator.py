@@ -31,6 +31,28 @@ def test_wrong_type_is_an_error():
         configure(DEFAULTS, ["--compile=yes"])
 
 
+def test_a_later_number_replaces_an_earlier_auto(tmp_path):
+    import train
+    auto = tmp_path / "auto.py"
+    auto.write_text("batch_size = 'auto'\n")
+    for argv in (["--batch_size=auto", "--batch_size=12"], [str(auto), "--batch_size=12"]):
+        assert configure(train.config_defaults, argv, train.__file__)["batch_size"] == 12
+    with pytest.raises(UserError, match=r"'batch_size' .* must be int or 'auto' \(default 12\), got 'max'"):
+        configure(train.config_defaults, ["--batch_size=auto", "--batch_size=max"], train.__file__)
+
+
+def test_a_config_file_may_import_builtin_functions(tmp_path):
+    path = tmp_path / "c.py"
+    path.write_text("from math import sqrt, pi\nbatch_size = int(sqrt(16))\nlearning_rate = pi / 1e4\n")
+    config = configure(DEFAULTS, [str(path)])
+    assert config["batch_size"] == 4 and config["learning_rate"] == pytest.approx(3.14159e-4)
+
+
+def test_a_number_too_large_for_a_float_is_an_error():
+    with pytest.raises(UserError, match="'learning_rate' .* is too large for a float: got 401 digits"):
+        configure(DEFAULTS, ["--learning_rate=1" + "0" * 400])
+
+
 def test_value_containing_equals_splits_on_the_first_only():
     config = configure(DEFAULTS, ["--wandb_run_name=lr=3e-4"])
     assert config["wandb_run_name"] == "lr=3e-4"

@@ -181,7 +181,7 @@ CASES = [
     Case("log_format", "train.py", [*TRAIN, "--log_format=xml"], r"log_format='xml' is not valid: .*'text', 'json', 'quiet'"),
     Case("backend", "train.py", [*TRAIN, "--backend=mpi"], r"backend='mpi' is not valid"),
     Case("dtype", "train.py", [*TRAIN, "--dtype=float64"], r"dtype='float64' is not valid"),
-    Case("batch_size not a number", "train.py", [*TRAIN, "--batch_size=max"], r"'batch_size' .* must be int or 'auto' \(as its value so far, 4\), got 'max'"),
+    Case("batch_size not a number", "train.py", [*TRAIN, "--batch_size=max"], r"'batch_size' .* must be int or 'auto' \(default 12\), got 'max'"),
     Case("fp8 with matrix sides not multiples of 16", "train.py", [*TRAIN, "--fp8=True", "--n_embd=40"],
          r"fp8=True needs every matrix .* multiples of 16, and h.0.attn.c_attn is 120 x 40"),
     Case("type", "train.py", [*TRAIN, "--batch_size=big"], r"config key 'batch_size' in flag '--batch_size=big' must be int"),
