@@ -161,7 +161,8 @@ class Reporter:
         if self.format == "json":
             print(json_text({"eval": result}), flush=True)
         else:
-            print(f"eval of {result['init_from']} at iter {result['iter']}: train loss {result['train_loss']:.4f}, "
+            at = f" at iter {result['iter']}" if result["iter"] is not None else ""  # None: not this run's step
+            print(f"eval of {result['init_from']}{at}: train loss {result['train_loss']:.4f}, "
                   f"val loss {result['val_loss']:.4f} (written to {path})")
 
     def step(self, it: int, max_iters: int, tokens: int, loss: float, lr: float, grad_norm: float, dt: float,

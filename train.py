@@ -508,9 +508,9 @@ if __name__ == "__main__":
 
     if eval_only:  # one evaluation into eval.json; the run's metrics, summary, config and run.json stay as they are
         losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
-        report.eval_only(dict(init_from=init_from, iter=iter_num, dataset=dataset, eval_iters=eval_iters,
-                              batch_size=batch_size, block_size=block_size, train_loss=losses["train"],
-                              val_loss=losses["val"]))
+        report.eval_only(dict(init_from=init_from, iter=iter_num if init_from == "resume" else None,  # else not ours
+                              dataset=dataset, eval_iters=eval_iters, batch_size=batch_size, block_size=block_size,
+                              train_loss=losses["train"], val_loss=losses["val"]))
         del model  # the DDP wrapper holds the process group
         leave_distributed(world_size)
         sys.exit(0)

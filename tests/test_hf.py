@@ -245,7 +245,9 @@ def test_a_nanogpt_checkpoint_samples_and_starts_a_run(run, char_data, tmp_path,
                                                   eval_only=True), cwd=str(tmp_path))
     assert evaluated.returncode == 0, evaluated.stderr
     with open(tmp_path / "eval" / "eval.json") as f:
-        assert json.load(f)["val_loss"] == pytest.approx(final_val_loss(run), abs=1e-6)
+        result = json.load(f)
+    assert result["val_loss"] == pytest.approx(final_val_loss(run), abs=1e-6)
+    assert result["iter"] is None and f"eval of {nano}/ckpt.pt: train loss" in evaluated.stdout  # not this run's step
     trained = run_script("train.py", *tiny_args(char_data, str(tmp_path / "new"), init_from=f"{nano}/ckpt.pt",
                                                 max_iters=2, eval_interval=2), cwd=str(tmp_path))
     assert trained.returncode == 0, trained.stderr
