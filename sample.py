@@ -14,7 +14,7 @@ import torch
 
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
-from common import UserError, autocast_context, check_device, excepthook, resolve_dtype
+from common import UserError, autocast_context, check_device, compile_problem, excepthook, resolve_dtype
 from tokenizer import codec, decodable_ids, encode_setting
 
 # ---- model
@@ -63,12 +63,16 @@ if __name__ == "__main__":
 
     model, vocab = load_trained(init_from, checkpoint_file(out_dir, checkpoint))
     model.eval().to(device)
-    if compile:
+    problem = compile_problem(device) if compile else None
+    if problem:  # sampling works the same without: say so, rather than fail deep inside the first forward pass
+        print(f"warning: compile=True but {problem}: sampling without torch.compile", file=sys.stderr)
+    elif compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs
     encode, decode = codec(vocab)
     ids = encode_setting(encode, "start", prompt)
     if not ids:
-        raise UserError("start is empty: give a prompt of at least one token, e.g. --start='\\n'")
+        raise UserError("start is empty: give a prompt of at least one token, e.g. --start=ROMEO:, or leave --start "
+                        "out for the default, a newline")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
     with torch.no_grad(), ctx:
         for _ in range(num_samples):

@@ -563,6 +563,11 @@ def test_compile_unavailable_falls_back_with_a_warning(char_data, tmp_path):
                         env={"PATH": str(empty), "CXX": ""})
     assert result.returncode == 0, result.stderr
     assert "warning: compile=True but no C++ compiler" in result.stderr
+    sampled = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--compile=True", "--num_samples=1",
+                         "--max_new_tokens=5", cwd=str(tmp_path), env={"PATH": str(empty), "CXX": ""})
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stderr.strip() == "warning: compile=True but no C++ compiler (g++, c++ or clang++) on PATH: " \
+                                     "sampling without torch.compile"
 
 
 def test_resume_takes_the_shape_from_the_checkpoint_when_not_given(char_data, tmp_path):

@@ -332,6 +332,8 @@ CASES = [
          r"needs Hugging Face transformers", runner=WITHOUT_TRANSFORMERS),
     Case("sample a run folder", "sample.py", ["{run}", "--device=cpu"],
          r"'.*run' is a folder, not a config file: settings are given as --key=value; for the run in it, pass --out_dir=.*run"),
+    Case("sample empty prompt", "sample.py", ["--out_dir={run}", "--device=cpu", "--start="],
+         r"start is empty: give a prompt of at least one token, e.g. --start=ROMEO:, or leave --start out"),
     Case("sample init_from", "sample.py", ["--out_dir={run}", "--device=cpu", "--init_from=gpt5"], r"init_from='gpt5' is not resume"),
     # ---- eval.py and export.py
     Case("eval out_file over a checkpoint", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={run}/ckpt.pt"],
