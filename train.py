@@ -263,7 +263,7 @@ if __name__ == "__main__":
     # errors met in out_dir before the processes join: under torchrun held till they have (see raise_held)
     held, checkpoint = None, None
     try:
-        if master_process:
+        if master_process and not config["dry_run"]:  # a dry run writes nothing, so a read-only out_dir will do
             check_writable(config["out_dir"])
         if master_process and not (config["eval_only"] or config["dry_run"]):  # these two write no run files
             os.makedirs(config["out_dir"], exist_ok=True)
@@ -309,7 +309,8 @@ if __name__ == "__main__":
         for name in on_rank0(lambda: repair_published(out_dir, checkpoint), rank, world_size) or []:
             report.print(f"{name} was missing or older than ckpt.pt (the run was stopped between writing the two): "
                          f"written now from ckpt.pt, iter {checkpoint['iter_num']}", always=True)
-    if checkpoint is not None and checkpoint["evaluated"] and checkpoint["iter_num"] >= max_iters and not eval_only:
+    if checkpoint is not None and checkpoint["evaluated"] and checkpoint["iter_num"] >= max_iters \
+            and not (eval_only or dry_run):  # a dry run still shows its plan
         report.print(f"the run in {out_dir} is finished: its checkpoint is at iter {checkpoint['iter_num']} and "
                      f"max_iters is {max_iters}; nothing to do (raise --max_iters to train it further, or evaluate it "
                      "with --eval_only=True)", always=True)
