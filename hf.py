@@ -201,6 +201,10 @@ def load(name: str, dropout: float = 0.0) -> GPT:
     if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         raise UserError(f"{name} is a folder without config.json, so not a transformers model: give a folder written "
                         "by export.py or save_pretrained")
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    if os.path.isdir(name) and not any(os.path.isfile(os.path.join(name, w)) for w in weights):
+        raise UserError(f"{name} has a config.json but no weights ({', '.join(weights[::2])} or their sharded "
+                        "index): copy the whole folder that export.py or save_pretrained wrote")
     tf = transformers_module()
     try:
         kind = tf.AutoConfig.from_pretrained(name).model_type

@@ -152,6 +152,14 @@ def test_a_run_folder_given_as_a_transformers_folder_points_to_its_checkpoint(tm
         hf.load(str(tmp_path))
 
 
+def test_a_transformers_folder_without_weights_says_so(tmp_path):
+    hf.to_transformers(random_model()).save_pretrained(str(tmp_path))
+    os.remove(tmp_path / "model.safetensors")  # config.json copied without the weights
+    with pytest.raises(UserError, match=rf"{tmp_path} has a config.json but no weights \(model.safetensors, "
+                                        r"pytorch_model.bin or their sharded index\)"):
+        hf.load(str(tmp_path))
+
+
 def test_gpt2_tokenizer_files_encode_and_decode_as_tiktoken(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOGPT_GPT2_TIKTOKEN", gpt2_rank_file())
     from tokenizer import gpt2_encoding
