@@ -160,7 +160,9 @@ def check_new_run(out_dir: str, overwrite: bool, init_from: str) -> list[str]:
         resume = "continue it with --init_from=resume, " if "ckpt.pt" in old else "it has no ckpt.pt to resume: "
         raise UserError(f"out_dir {out_dir} already holds a run ({', '.join(old[:4])}{', ...' if len(old) > 4 else ''}): "
                         f"{resume}choose another out_dir, or pass --overwrite=True to replace that run")
-    starts_from = [f for f in old if os.path.isfile(init_from) and os.path.samefile(init_from, os.path.join(out_dir, f))]
+    # by path, links resolved: a hard link outside out_dir is another name that survives the deletion
+    starts_from = [f for f in old if os.path.isfile(init_from)
+                   and os.path.realpath(init_from) == os.path.realpath(os.path.join(out_dir, f))]
     if starts_from:
         raise UserError(f"init_from={init_from} is {starts_from[0]} of the run that --overwrite=True replaces, and "
                         "would be deleted before the new run saves anything: copy it out of out_dir (or to a name of "

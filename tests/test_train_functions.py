@@ -517,3 +517,15 @@ def test_cuda_graph_compile_modes_refuse_micro_steps_on_a_gpu_only():
         check_compile_mode(mode, 1, "cuda")  # one micro-step: nothing to overwrite
         check_compile_mode(mode, 4, "cpu")  # no graphs captured off CUDA
     check_compile_mode("max-autotune-no-cudagraphs", 4, "cuda")
+
+
+def test_overwrite_refuses_to_start_from_a_file_it_would_delete_but_not_from_a_hard_link_outside(tmp_path):
+    from train import check_new_run
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"weights")
+    os.link(out / "ckpt.pt", tmp_path / "start.pt")  # another name for the same file, which the deletion leaves
+    os.symlink(out / "ckpt.pt", tmp_path / "link.pt")  # a name for the one inside, which goes
+    assert check_new_run(str(out), True, str(tmp_path / "start.pt")) == ["ckpt.pt"]
+    with pytest.raises(UserError, match=r"link.pt is ckpt.pt of the run that --overwrite=True replaces"):
+        check_new_run(str(out), True, str(tmp_path / "link.pt"))
