@@ -593,6 +593,11 @@ if __name__ == "__main__":
     # read once for the device and mode, which pick the defaults: on a CPU, --mode=train's model keys default to
     # CPU_MODEL, so what a file or flag sets stays, even where it equals GPT-2's default (--n_layer=12)
     first = configurator.configure(config_defaults, sys.argv[1:], __file__, ignored=TRAINING_ONLY, check=False)
+    starts = configurator.configure({**config_defaults, "init_from": "scratch"}, sys.argv[1:], ignored=tuple(
+        k for k in TRAINING_ONLY if k != "init_from"), check=False)["init_from"]  # a finetune config's model
+    if starts not in ("scratch", "resume"):
+        print(f"note: init_from={starts!r} is not loaded: bench times a model of random weights with the shape of "
+              "its model keys (set n_layer, n_head, n_embd, vocab_size, bias, ... to that model's)")
     device = resolve_device(first["device"])
     on_cpu = check_device(device) == "cpu" and first["mode"] == "train"
     config = configurator.configure({**config_defaults, **CPU_MODEL} if on_cpu else config_defaults, sys.argv[1:],

@@ -221,6 +221,14 @@ def test_bench_times_the_data_pipeline_on_files_of_the_sizes_it_is_given(tmp_pat
     assert 200_000 < counts[0] < 400_000  # about 1 MB of English at 3 to 4 bytes a token
 
 
+def test_bench_says_that_a_finetune_config_s_model_is_not_loaded(tmp_path):
+    result = run_script("bench.py", os.path.join(ROOT, "config", "finetune_shakespeare.py"), "--device=cpu",
+                        "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32", "--warmup_steps=0",
+                        "--num_steps=1", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("note: init_from='gpt2-xl' is not loaded: bench times a model of random weights")
+
+
 def test_bench_on_a_cpu_shrinks_only_the_model_keys_no_file_or_flag_set(tmp_path):
     config = tmp_path / "deep.py"
     config.write_text("n_layer = 12  # GPT-2's default, but set: it stays\n")
