@@ -99,7 +99,7 @@ gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without ne
 device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU, --mode=train's untouched model keys shrink to CPU_MODEL
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model (after a test compile; without it where that fails)
-compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels, CUDA graphs), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs'; the two with CUDA graphs need gradient_accumulation_steps=1 [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
+compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels, CUDA graphs), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs'; on a GPU the two with CUDA graphs need gradient_accumulation_steps=1 [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 fp8 = False  # as in train.py: the blocks' matmuls in float8 (see fp8.py)
 attention_kernel = "auto"  # as in train.py: the attention kernel on CUDA, 'auto', 'flash' or 'cudnn' [attention_kernel in ('auto', 'flash', 'cudnn')]
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
@@ -592,9 +592,9 @@ if __name__ == "__main__":
     sys.excepthook = excepthook
     # read once for the device and mode, which pick the defaults: on a CPU, --mode=train's model keys default to
     # CPU_MODEL, so what a file or flag sets stays, even where it equals GPT-2's default (--n_layer=12)
-    first = configurator.configure(config_defaults, sys.argv[1:], __file__, ignored=TRAINING_ONLY, check=False)
-    starts = configurator.configure({**config_defaults, "init_from": "scratch"}, sys.argv[1:], ignored=tuple(
-        k for k in TRAINING_ONLY if k != "init_from"), check=False)["init_from"]  # a finetune config's model
+    first = configurator.configure({**config_defaults, "init_from": "scratch"}, sys.argv[1:], __file__,
+                                   ignored=tuple(k for k in TRAINING_ONLY if k != "init_from"), check=False)
+    starts = first.pop("init_from")  # a finetune config's model, which bench does not load
     if starts not in ("scratch", "resume"):
         print(f"note: init_from={starts!r} is not loaded: bench times a model of random weights with the shape of "
               "its model keys (set n_layer, n_head, n_embd, vocab_size, bias, ... to that model's)")
