@@ -22,6 +22,7 @@ import argparse
 import codecs
 import collections
 import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -329,8 +330,10 @@ def holding(out_dir: str):
         os.close(fd)
         raise PrepareError(f"--out_dir {out_dir} is being written by another prepare: wait for it to end, or choose "
                            "another --out_dir") from None
-    except OSError:  # a filesystem without locks (some NFS or FUSE mounts): write unguarded, as before
-        pass
+    except OSError as e:  # a filesystem without locks (some NFS or FUSE mounts): write unguarded, as before
+        if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):  # as common.FolderLock
+            os.close(fd)
+            raise
     HELD.add(key)
     try:
         yield
@@ -364,8 +367,9 @@ def run_cli(job, out_dir: str):
     except UserError as e:
         sys.exit(f"error: {e}")
     except OSError as e:  # the earlier dataset is still in place: new files are put there only at the end
-        inside = e.filename is not None and os.path.abspath(str(e.filename)).startswith(os.path.abspath(out_dir) + os.sep)
-        if e.filename is not None and not inside:  # an input (a broken link, a file it may not read), not the output
+        where, out = os.path.abspath(str(e.filename or "")), os.path.abspath(out_dir)
+        output = where == out or where.startswith(out + os.sep) or out.startswith(where + os.sep)  # or a parent
+        if e.filename is not None and not output:  # an input (a broken link, a file it may not read)
             sys.exit(f"error: cannot read {e.filename} ({e.strerror or e}): fix it or leave it out of --input; the "
                      f"dataset in {out_dir} is unchanged")
         sys.exit(f"error: cannot write the dataset to {out_dir} ({e.strerror or e}); the dataset that was there "

@@ -193,6 +193,14 @@ def test_an_input_that_cannot_be_read_is_named_as_such_and_the_dataset_stays(tmp
     assert (out / "meta.json").read_text() == "earlier"
 
 
+@pytest.mark.parametrize("where", ["data", "data/new", "data/new/train.bin.tmp"])
+def test_an_error_on_the_out_dir_or_a_folder_above_it_is_a_write_failure(where):
+    def job():
+        raise PermissionError(13, "Permission denied", where)  # as os.makedirs or the folder's lock would raise
+    with pytest.raises(SystemExit, match=r"^error: cannot write the dataset to data/new \(Permission denied\)"):
+        prepare.run_cli(job, "data/new")
+
+
 def test_a_prepare_into_a_folder_another_prepare_is_writing_is_refused(tmp_path):
     (tmp_path / "a.txt").write_text("some words here")
     out = tmp_path / "data"
