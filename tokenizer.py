@@ -18,7 +18,6 @@ import tempfile
 import tiktoken
 
 from common import UserError, atomic_write
-from dataset import vocabulary
 
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"
@@ -95,11 +94,6 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
             raise UserError(f"cannot load GPT-2's encoding ({'; '.join(failures)}): download gpt2.tiktoken "
                                "(whisper/assets/ in openai-whisper) and set NANOGPT_GPT2_TIKTOKEN to its path") from e
     return encoding_from_ranks(cached)
-
-
-def dataset_codec(data_dir: str | None):
-    """(encode, decode) for a dataset folder: see codec. None stands for a GPT-2 model without a dataset."""
-    return codec(vocabulary(data_dir) if data_dir else None)
 
 
 def encode_setting(encode, setting: str, text: str) -> list[int]:

@@ -42,7 +42,7 @@ from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 from report import Reporter
 from sharding import full, full_state, shard
-from tokenizer import dataset_codec, decodable_ids, encode_setting
+from tokenizer import codec as codec_of, decodable_ids, encode_setting
 
 # ---- I/O
 out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go [out_dir != '']
@@ -350,7 +350,8 @@ if __name__ == "__main__":
                          + "): the batches from here are not an unbroken run's"
                          + (", and val losses before and after are on different data (best.pt was chosen on the "
                             "old val split)" if "val" in change else ""), always=True)
-    codec = dataset_codec(data["dir"]) if hellaswag_interval or (sample_interval and master_process) else None
+    # from the run's vocabulary: a resume on nanoGPT's layout without meta.pkl has the checkpoint's characters
+    codec = codec_of(data["vocabulary"]) if hellaswag_interval or (sample_interval and master_process) else None
     if sample_interval:  # a prompt the dataset cannot encode fails now, not at the first sample
         on_rank0(lambda: encode_setting(codec[0], "sample_prompt", sample_prompt), rank, world_size)
     hellaswag = None  # (items, encode) when HellaSwag is scored during training

@@ -367,8 +367,10 @@ def test_a_resume_on_data_that_no_longer_names_its_characters_keeps_the_checkpoi
     assert run_script("train.py", *args_for(str(data), out, max_iters=4), cwd=str(tmp_path)).returncode == 0
     before = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)["vocabulary"]
     os.remove(data / "meta.json"), os.remove(data / "meta.pkl")
-    result = run_script("train.py", *args_for(str(data), out, max_iters=8, init_from="resume"), cwd=str(tmp_path))
+    result = run_script("train.py", *args_for(str(data), out, max_iters=8, init_from="resume", sample_interval=1,
+                                              sample_prompt="ROMEO:"), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
+    assert "---- sample at iter 8 ----\nROMEO:" in result.stdout  # encoded and decoded as characters, not BPE
     saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
     assert saved["iter_num"] == 8 and saved["vocabulary"] == before and len(before["chars"]) == 65
     sampled = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5",
