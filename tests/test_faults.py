@@ -397,6 +397,25 @@ def test_a_resume_whose_metrics_csv_cannot_be_written_is_refused_before_any_file
             subprocess.run(["chattr", "-i", path], check=True)
 
 
+def test_a_dry_run_needs_no_writable_out_dir(char_data, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o555)
+    immutable = os.access(locked, os.W_OK)  # root: the mode does not stop it, the immutable flag does
+    if immutable:
+        subprocess.run(["chattr", "+i", str(locked)], check=True)
+    try:
+        args = args_for(char_data, str(locked / "run"), max_iters=4)
+        refused = run_script("train.py", *args, cwd=str(tmp_path))
+        assert refused.returncode != 0 and "is not writable" in refused.stderr  # a real run would need it
+        dry = run_script("train.py", *args, "--dry_run=True", cwd=str(tmp_path))
+        assert dry.returncode == 0 and "dry run: it fits; nothing trained or written" in dry.stdout, dry.stderr
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(locked)], check=True)
+        os.chmod(locked, 0o755)
+
+
 def test_a_metrics_row_that_cannot_be_written_is_one_error_line(tmp_path):
     import metrics
     os.makedirs(tmp_path / "metrics.csv")  # where the file should be: open() fails as on a full disk
