@@ -6,6 +6,7 @@ ahead on background threads. Used by train.py, bench.py, sample.py, tokenizer.py
 A dataset folder holds meta.json (written by data/prepare.py and the data/*/prepare.py scripts) and its
 token files; nanoGPT's layout (train.bin and val.bin as uint16, maybe meta.pkl) is read too.
 """
+import errno
 import glob
 import json
 import mmap
@@ -173,8 +174,28 @@ def open_token_file(path: str, fresh: bool = False):
     leaves the run on the data it counted and started with, rather than reading windows of the old counts in the
     new files (an IndexError, or other ids)."""
     if fresh or path not in OPEN_FILES:
-        OPEN_FILES[path] = open(path, "rb")  # the file it replaces closes when its last map goes
+        try:
+            OPEN_FILES[path] = open(path, "rb")  # the file it replaces is closed as this one takes its place
+        except OSError as e:
+            if e.errno != errno.EMFILE:
+                raise
+            raise UserError(f"cannot keep {path} open beside the {len(OPEN_FILES)} token files open already (the "
+                            "open-file limit, ulimit -n): raise it, or prepare the dataset with a larger "
+                            "--shard_tokens") from None
     return OPEN_FILES[path]
+
+
+def make_room_for_files(n_files: int):
+    """Raise this process's open-file limit (as far as its hard limit allows) so that n_files token files can stay
+    open beside what else it opens: 1024 by default on many systems, which a dataset of many shards passes."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n_files + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
 
 
 def count_tokens(path: str, dtype) -> int:
@@ -235,6 +256,7 @@ def load_dataset(dataset: str, block_size: int | None) -> dict:
         pkl = read_meta_pkl(data_dir)
         vocab_size = pkl["vocab_size"] if pkl else None
     splits = {}
+    make_room_for_files(sum(len(paths) for paths in files.values()))
     for split, paths in files.items():
         counts = [count_tokens(path, dtype) for path in paths]
         if expected is not None and counts != expected[split]:

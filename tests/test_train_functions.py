@@ -2,6 +2,7 @@
 import errno
 import json
 import os
+import re
 import threading
 import time
 
@@ -227,6 +228,36 @@ def test_a_dataset_prepared_again_under_a_running_reader_leaves_it_on_the_data_i
     assert all(torch.equal(a, b) for a, b in zip(before, after)) and int(after[0].max()) < 1000
     with pytest.raises(UserError, match=r"hold \[20\] tokens but meta.json says \[1000\]"):
         load_dataset(str(tmp_path / "d"), 16)  # a new load takes stock afresh
+
+
+FEW_FILES = """
+import resource, sys
+sys.path.insert(0, {root!r})
+from common import UserError
+from dataset import load_dataset
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, {hard}))
+try:
+    print(len(load_dataset({data!r}, 16)["splits"]["train"]))
+except UserError as e:
+    print(e)
+"""
+
+
+@pytest.mark.parametrize("hard", ["resource.getrlimit(resource.RLIMIT_NOFILE)[1]", "64"])
+def test_a_dataset_of_more_shards_than_the_open_file_limit_raises_the_limit_or_says_so(tmp_path, hard):
+    """Every token file stays open (see open_token_file): 200 shards under a limit of 64 open files."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    data = write_dataset(tmp_path / "d", [40] * 200, 40)
+    out = subprocess.run([sys.executable, "-c", FEW_FILES.format(root=ROOT, hard=hard, data=data)],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    if hard == "64":  # the hard limit stops it: one line, not an EMFILE traceback
+        assert re.fullmatch(r"cannot keep .*train_\d{3}.bin open beside the \d+ token files open already \(the "
+                            r"open-file limit, ulimit -n\): raise it, or prepare the dataset with a larger "
+                            r"--shard_tokens", out), out
+    else:
+        assert out == "200"
 
 
 THREADS_AFTER_PREFETCH = """
