@@ -26,8 +26,8 @@ META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.js
 def write_meta(out_dir: str, meta: dict):
     """Finish a prepare: rename its token files from their .tmp names into place, write meta.json, then delete
     token files of the same splits that an earlier prepare left behind (named as a prepare names them,
-    {split}.bin or {split}_000.bin, ...; a user's train_backup.bin stays). Called only when the whole job has
-    succeeded, so a failed prepare leaves the earlier dataset as it was."""
+    {split}.bin or {split}_000.bin, ...; a user's train_backup.bin stays), and an earlier meta.pkl. Called only
+    when the whole job has succeeded, so a failed prepare leaves the earlier dataset as it was."""
     problem = meta_problem(meta)
     if problem:
         raise ValueError(f"meta.json {problem}")
@@ -37,6 +37,8 @@ def write_meta(out_dir: str, meta: dict):
             replace_durably(os.path.join(out_dir, name + ".tmp"), os.path.join(out_dir, name))
     with atomic_write(os.path.join(out_dir, "meta.json")) as f:
         json.dump(meta, f, indent=1)
+    if os.path.exists(os.path.join(out_dir, "meta.pkl")):  # nanoGPT's vocabulary of the tokens just replaced: stale
+        os.remove(os.path.join(out_dir, "meta.pkl"))  # (the char prepare puts its new one in place after this)
     for split in meta["splits"]:
         for stale in glob.glob(os.path.join(out_dir, f"{split}*.bin")):
             name = os.path.basename(stale)

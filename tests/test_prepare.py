@@ -69,11 +69,14 @@ def test_shards_hold_the_same_tokens_as_one_file(tmp_path):
     assert files[:2] == ["train_000.bin", "train_001.bin"] and len(files) > 2
     assert all(n == 300 for n in sharded["splits"]["train"]["file_tokens"][:-1])
     assert np.array_equal(read_split(tmp_path / "whole", "train", whole), read_split(tmp_path / "sharded", "train", sharded))
-    # preparing again without shards removes the old shard files, and only those: not a file of the user's
+    # preparing again without shards removes the old shard files, and only those: not a file of the user's; and
+    # an earlier meta.pkl (nanoGPT's vocabulary file, which its own scripts would read for the new tokens)
     (tmp_path / "sharded" / "train_backup.bin").write_bytes(b"mine")
+    (tmp_path / "sharded" / "meta.pkl").write_bytes(b"a character prepare's")
     run_prepare([str(tmp_path / "corpus")], tmp_path / "sharded", val_fraction=0.1)
     assert not (tmp_path / "sharded" / "train_000.bin").exists() and (tmp_path / "sharded" / "train.bin").exists()
     assert (tmp_path / "sharded" / "train_backup.bin").read_bytes() == b"mine"
+    assert not (tmp_path / "sharded" / "meta.pkl").exists()
 
 
 @pytest.mark.parametrize("shard_tokens", [0, 300, 100])  # 100: the held-out tail spans whole shards
