@@ -84,7 +84,7 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # tiktoken raises whatever its HTTP client raises when offline
         failures.append(f"tiktoken download: {e.__class__.__name__}")
-    if not os.path.isfile(cached):
+    if not os.path.isfile(cached):  # not there above, but another rank may have fetched it while tiktoken failed
         try:
             fetch_from_whisper_sdist(cached)
             print(f"GPT-2 rank file taken from the {WHISPER_SDIST} sdist on the package index, cached at {cached}",
