@@ -238,6 +238,9 @@ def peak_flops(device) -> float | None:
 
 # ---- files
 
+NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP)  # flock on a filesystem without locks
+
+
 class FolderLock:
     """An exclusive hold on a folder for the life of this process: an flock on folder/run.lock, which the
     kernel releases when the process ends, however it ends (kill -9 too), so no stale lock is left.
@@ -257,7 +260,7 @@ class FolderLock:
             raise UserError(f"out_dir {folder} is in use by {holder}: wait for that run to end, or choose another "
                             "out_dir") from None
         except OSError as e:  # a filesystem without locks (some NFS, Lustre or FUSE mounts): run, but say so
-            if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            if e.errno not in NO_LOCKS:
                 raise
             print(f"warning: out_dir {folder} is on a filesystem without file locks ({e.strerror or e}): a second "
                   "run started in it would not be refused, so start only one", file=sys.stderr)

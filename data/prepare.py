@@ -22,7 +22,6 @@ import argparse
 import codecs
 import collections
 import contextlib
-import errno
 import glob
 import hashlib
 import json
@@ -36,7 +35,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
-from common import UserError  # noqa: E402
+from common import NO_LOCKS, UserError  # noqa: E402
 from dataset import write_meta  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
@@ -331,7 +330,7 @@ def holding(out_dir: str):
         raise PrepareError(f"--out_dir {out_dir} is being written by another prepare: wait for it to end, or choose "
                            "another --out_dir") from None
     except OSError as e:  # a filesystem without locks (some NFS or FUSE mounts): write unguarded, as before
-        if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):  # as common.FolderLock
+        if e.errno not in NO_LOCKS:  # as common.FolderLock
             os.close(fd)
             raise
     HELD.add(key)
