@@ -84,7 +84,8 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
     except UnicodeDecodeError as e:
         raise UserError(f"config file '{path}' is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
     try:
-        code = compile(source, path, "exec")
+        tree = ast.parse(source, path)  # compiled, and read for the names it imports
+        code = compile(tree, path, "exec")
     except SyntaxError as e:
         raise UserError(f"config file '{path}' line {e.lineno}: syntax error: {e.msg}") from None
     scope = dict(config)
@@ -94,7 +95,7 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         line = next((frame.lineno for frame in reversed(traceback.extract_tb(e.__traceback__))
                      if frame.filename == path), "?")
         raise UserError(f"config file '{path}' line {line} raised {e.__class__.__name__}: {e}") from None
-    imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(ast.parse(source))
+    imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     changed = {}
     for key, value in scope.items():
