@@ -631,8 +631,13 @@ def test_whatever_stops_rank_0_in_its_own_check_stops_the_other_ranks_at_once(tm
     t0 = time.time()
     stderr = [proc.communicate(timeout=100)[1] for proc in procs]
     assert all(proc.returncode != 0 for proc in procs) and time.time() - t0 < 60, stderr
+    # gloo's threads may add "terminate called without an active exception" as the process ends: the line is
+    # looked for among the last lines, not as the very last
     if kind == "user":
-        assert [s.strip().splitlines()[-1] for s in stderr] == [f"[rank{r}]: error: out_dir is bad: fix it" for r in (0, 1)]
+        for r in (0, 1):
+            assert f"[rank{r}]: error: out_dir is bad: fix it" in stderr[r].splitlines() and "Traceback" not in stderr[r]
     else:
         assert "Traceback" in stderr[0] and "FileNotFoundError" in stderr[0]
-        assert stderr[1].strip().splitlines()[-1].startswith("[rank1]: error: rank 0 stopped with FileNotFoundError: ")
+        assert "Traceback" not in stderr[1]
+        assert any(line.startswith("[rank1]: error: rank 0 stopped with FileNotFoundError: ")
+                   for line in stderr[1].splitlines())
