@@ -350,14 +350,6 @@ if __name__ == "__main__":
                          + "): the batches from here are not an unbroken run's"
                          + (", and val losses before and after are on different data (best.pt was chosen on the "
                             "old val split)" if "val" in change else ""), always=True)
-    # from the run's vocabulary: a resume on nanoGPT's layout without meta.pkl has the checkpoint's characters
-    codec = codec_of(data["vocabulary"]) if hellaswag_interval or (sample_interval and master_process) else None
-    if sample_interval:  # a prompt the dataset cannot encode fails now, not at the first sample
-        on_rank0(lambda: encode_setting(codec[0], "sample_prompt", sample_prompt), rank, world_size)
-    hellaswag = None  # (items, encode) when HellaSwag is scored during training
-    if hellaswag_interval:
-        hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])
-        check_encodable(*hellaswag)
 
     def read_train_batch(step_and_micro_step: tuple[int, int]):
         """This process's micro-batch of a step, in host memory: part (seed, step, global micro-step) of the step's
@@ -404,6 +396,14 @@ if __name__ == "__main__":
     if data["max_token_id"] >= model.config.vocab_size:
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
+    # from the run's vocabulary, now settled: without meta.pkl, the characters of the checkpoint started from
+    codec = codec_of(data["vocabulary"]) if hellaswag_interval or (sample_interval and master_process) else None
+    if sample_interval:  # a prompt the dataset cannot encode fails now, not at the first sample
+        on_rank0(lambda: encode_setting(codec[0], "sample_prompt", sample_prompt), rank, world_size)
+    hellaswag = None  # (items, encode) when HellaSwag is scored during training
+    if hellaswag_interval:
+        hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])
+        check_encodable(*hellaswag)
     # the memory plan: what training will hold per device, checked against what is free before anything is big
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type,

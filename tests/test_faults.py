@@ -376,6 +376,10 @@ def test_a_resume_on_data_that_no_longer_names_its_characters_keeps_the_checkpoi
     sampled = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5",
                          "--start=ROMEO:", cwd=str(tmp_path))
     assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr
+    started = run_script("train.py", *args_for(str(data), str(tmp_path / "new"), max_iters=2, sample_interval=1,
+                                               sample_prompt="ROMEO:", init_from=os.path.join(out, "ckpt.pt")),
+                         cwd=str(tmp_path))  # a new run from its weights: the same characters
+    assert "---- sample at iter 2 ----\nROMEO:" in started.stdout, started.stderr
 
 
 def test_a_resume_whose_metrics_csv_cannot_be_written_is_refused_before_any_file_changes(char_data, tmp_path):
