@@ -65,15 +65,17 @@ def read_examples(path: str) -> list[dict]:
 def render(example: dict, encode, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The four rows context + ending as tokens (4, T), zero-padded on the right, and a mask (4, T) that is 1 on
     the ending's tokens. Endings are encoded with their leading space, as they follow the context in text.
-    Rows longer than block_size + 1 lose context tokens from the left."""
+    A row longer than block_size + 1 loses its own context tokens from the left, each row as far as it must (an
+    ending longer than that keeps its last tokens)."""
     context = encode(example["ctx"])
     endings = [encode(" " + ending) for ending in example["endings"]]
-    width = len(context) + max(len(e) for e in endings)
+    rows = [(context + ending)[-(block_size + 1):] for ending in endings]
+    width = max(len(row) for row in rows)
     tokens, mask = torch.zeros(4, width, dtype=torch.long), torch.zeros(4, width)
-    for i, ending in enumerate(endings):
-        tokens[i, :len(context) + len(ending)] = torch.tensor(context + ending)
-        mask[i, len(context):len(context) + len(ending)] = 1
-    return tokens[:, -(block_size + 1):], mask[:, -(block_size + 1):]
+    for i, (row, ending) in enumerate(zip(rows, endings)):
+        tokens[i, :len(row)] = torch.tensor(row)
+        mask[i, len(row) - min(len(ending), len(row)):len(row)] = 1
+    return tokens, mask
 
 
 def check_encodable(examples: list[dict], encode):

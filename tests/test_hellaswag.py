@@ -81,6 +81,13 @@ def test_rows_past_block_size_lose_context_from_the_left():
     assert tokens.shape == mask.shape == (4, 9)
     assert mask.sum(1).tolist() == [2, 3, 4, 2]  # every ending kept whole, with its space
     assert tokens[2].tolist() == encode("bcabc ccc")  # the last 5 of 12 context characters, then the ending
+    assert tokens[0].tolist() == encode("cabcabc a")  # a short ending keeps more of the context, not padding
+    long = {"ctx": "abc", "endings": ["a", "abcabcabcabc", "b", "c"], "label": 0}  # one ending past the context
+    tokens, mask = render(long, encode, 8)
+    assert mask.sum(1).tolist() == [2, 9, 2, 2]  # the long one keeps its last 9; no row is left without its ending
+    assert tokens[0].tolist()[:5] == encode("abc a") and tokens[1].tolist() == encode("abcabcabc")
+    summed, mean = ending_losses(unigram_model(), tokens, mask, torch.autocast("cpu", enabled=False))
+    assert torch.isfinite(mean).all() and (summed > 0).all()
 
 
 def write_jsonl(path, items):
