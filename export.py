@@ -41,6 +41,10 @@ def check_target(folder: str, overwrite: bool):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise UserError(f"--to={folder} lies under {parent}, which is a file: choose a folder path")
+    try:  # a folder that cannot be written in (read-only, /proc) fails now, not after the model is converted
+        tempfile.TemporaryDirectory(dir=parent, prefix=".export-").cleanup()
+    except OSError as e:
+        raise UserError(f"--to={folder}: cannot write in {parent} ({e.strerror}): choose a --to on a writable disk")
     if not os.path.lexists(folder):
         return
     if not os.path.isdir(folder):
@@ -72,7 +76,12 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
         files = sorted(os.listdir(staged))
         if os.path.exists(folder):  # moved aside, not deleted, until the new folder is in place
             os.replace(folder, os.path.join(tmp, "old"))
-        os.replace(staged, folder)
+        try:
+            os.replace(staged, folder)
+        except OSError:  # put the earlier export back before tmp, which now holds it, is removed
+            if os.path.exists(os.path.join(tmp, "old")):
+                os.replace(os.path.join(tmp, "old"), folder)
+            raise
     params = sum(p.numel() for p in model.parameters())
     return (f"wrote {folder}: {type(hf_model).__name__} ({params / 1e6:.2f}M parameters, {dtype}) and {tokenizer}; "
             f"files {', '.join(files)}")

@@ -345,6 +345,8 @@ CASES = [
     Case("export over the run", "export.py", ["--out_dir={run}", "--to={run}", "--overwrite=True"],
          r"--overwrite=True replaces only an earlier export and .* is not one \(it holds best.pt, ckpt.pt"),
     Case("export under a file", "export.py", ["--out_dir={run}", "--to={run}/ckpt.pt/hf"], r"lies under .*ckpt.pt, which is a file"),
+    Case("export where nothing can be written", "export.py", ["--out_dir={run}", "--to=/proc/hf"],
+         r"--to=/proc/hf: cannot write in /proc \(.*\): choose a --to on a writable disk"),
     # ---- plot.py
     Case("plot missing", "plot.py", ["{tmp}"], r"metrics.csv not found: give the out_dir of a run"),
     Case("plot empty", "plot.py", ["{tmp}"], r"metrics.csv is empty or has no header",
