@@ -354,6 +354,40 @@ def best_lags(out_dir: str, checkpoint: dict) -> bool:
     return older and best.get("best_val_loss", float("inf")) > checkpoint["best_val_loss"]
 
 
+def check_no_later_steps(out_dir: str, path: str, iter_num: int):
+    """A resume from the checkpoint at path (iter_num; ckpt.pt, or a kept step to go back to) refuses an out_dir
+    with checkpoints of later steps, its own kept ones or ckpt.pt: the resumed run would replace them as it went."""
+    later = [f for f in sorted(os.listdir(out_dir)) if own_kept_step(f) > iter_num]
+    latest = os.path.join(out_dir, "ckpt.pt")
+    if os.path.isfile(latest) and not os.path.samefile(latest, path):
+        try:
+            state = read_file(latest)
+            newer = not isinstance(state, dict) or state.get("iter_num", iter_num + 1) > iter_num
+        except UserError:  # unreadable: not ours to judge, so not ours to replace
+            newer = True
+        later = ["ckpt.pt"] * newer + later
+    if later:
+        raise UserError(f"{path} is iter {iter_num}, but {out_dir} holds checkpoints of later steps "
+                        f"({', '.join(later[:4])}{', ...' if len(later) > 4 else ''}), which resuming from it would "
+                        "replace: move them out of out_dir to keep them, or delete them, then resume")
+
+
+def better_best(out_dir: str, checkpoint: dict, path: str) -> tuple[float, int] | None:
+    """(best_val_loss, best_iter) of out_dir/best.pt when it is better than the best that the checkpoint resumed
+    (read from path as checkpoint) knows: the run goes back to an earlier step, and best.pt, from the steps after
+    it, must stay best.pt until an evaluation beats it. None otherwise. Read mapped: only its header is read."""
+    best_path = os.path.join(out_dir, "best.pt")
+    if not os.path.isfile(best_path) or os.path.samefile(best_path, path):
+        return None
+    try:
+        best = read_file(best_path)
+    except UserError:
+        return None
+    if not isinstance(best, dict) or not best.get("best_val_loss", float("inf")) < checkpoint["best_val_loss"]:
+        return None
+    return float(best["best_val_loss"]), best.get("best_iter")
+
+
 def training_state(model_state: dict, optimizer_state: dict, scaler, model_args: dict, config: dict, progress: dict,
                    rng_states: list[dict], wandb_run_id: str | None, evaluated: bool, vocabulary: dict,
                    data_files: dict) -> dict:

@@ -142,11 +142,12 @@ def leave_distributed(world_size: int):
     dist.destroy_process_group()
 
 
-def on_rank0(fn, rank: int, world_size: int):
-    """fn() on rank 0 only, and its result there (None on the other ranks). Whatever it raises stops every
-    rank: a check only rank 0 can make (of its files, say) must stop them all, or the others run on into a
-    collective that rank 0 never joins and wait there until ddp_timeout. A UserError's line is every rank's;
-    anything else (a full disk, a bug) is named on the others, and rank 0 shows its traceback."""
+def on_rank0(fn, rank: int, world_size: int, share: bool = False):
+    """fn() on rank 0 only, and its result there (None on the other ranks; every rank's with share, for a small
+    result that all ranks must act on alike). Whatever it raises stops every rank: a check only rank 0 can make
+    (of its files, say) must stop them all, or the others run on into a collective that rank 0 never joins and
+    wait there until ddp_timeout. A UserError's line is every rank's; anything else (a full disk, a bug) is named
+    on the others, and rank 0 shows its traceback."""
     result, error = None, None
     if rank == 0:
         try:
@@ -159,9 +160,9 @@ def on_rank0(fn, rank: int, world_size: int):
             f"rank 0 stopped with {type(error).__name__}: {error} (its traceback is in rank 0's output)"
     if world_size > 1:
         import torch.distributed as dist
-        box = [failure]
+        box = [failure, result if share else None]
         dist.broadcast_object_list(box, src=0)
-        failure = box[0]
+        failure, result = box[0], box[1] if share else result
     if error is not None:
         raise error  # rank 0 raises its own, traceback and all (NANOGPT_TRACEBACK=1 shows it)
     if failure is not None:

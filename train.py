@@ -26,9 +26,10 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, check_init_from, check_same_checkpoint,
-                        check_same_shape, check_vocabulary, gather_rng_states, load_checkpoint, load_pretrained,
-                        own_kept_step, publish_checkpoint, repair_published, restore_training_state, save_checkpoint,
+from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, better_best, check_init_from,
+                        check_no_later_steps, check_same_checkpoint, check_same_shape, check_vocabulary,
+                        checkpoint_file, gather_rng_states, load_checkpoint, load_pretrained, own_kept_step,
+                        publish_checkpoint, repair_published, restore_training_state, save_checkpoint,
                         take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
                     excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0, peak_flops, raise_held,
@@ -56,6 +57,7 @@ always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val 
 keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
 max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (counted at log lines) [max_nonfinite_steps > 0]
 init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers (GPT-2 or LLaMA), or a checkpoint file (ours or nanoGPT's ckpt.pt) to start a new run from
+resume_from = "ckpt.pt"  # the checkpoint in out_dir that init_from='resume' continues: a kept ckpt_<iter>.pt goes back to that step (the run's later checkpoints must be moved out first; best.pt stays unless beaten)
 overwrite = False  # let init_from='scratch' replace the run in an out_dir that already holds a checkpoint
 seed = 1337  # seeds init, dropout and the batch sampler [0 <= seed < 2**63]
 hellaswag_interval = 0  # every this many evals, also score HellaSwag (acc_norm, into metrics.csv and wandb; see eval.py); 0: never [hellaswag_interval >= 0]
@@ -146,7 +148,7 @@ def check_writable(out_dir: str):
 
 
 # settings a resume does not compare with the run's: how this command runs, and the shape, which the checkpoint fixes
-RESUME_SAME = ("init_from", "overwrite", "eval_only", "dry_run", "out_dir", *SHAPE_KEYS, *ARCH_KEYS)
+RESUME_SAME = ("init_from", "resume_from", "overwrite", "eval_only", "dry_run", "out_dir", *SHAPE_KEYS, *ARCH_KEYS)
 RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv", "eval.json", "plot.png")  # a run's results
 
 
@@ -256,6 +258,11 @@ if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)  # types and each setting's rule
     check_init_from(config["init_from"], ("scratch", "resume"))
+    if config["resume_from"] != "ckpt.pt" and (config["init_from"] != "resume" or os.path.basename(
+            config["resume_from"]) != config["resume_from"]):
+        raise UserError(f"resume_from={config['resume_from']!r} names a checkpoint in out_dir (ckpt.pt, or a kept "
+                        "ckpt_<iter>.pt to go back to) with --init_from=resume: give a file name without a folder, "
+                        "or use --init_from=PATH to start a new run from a checkpoint's weights")
     if config["eval_only"] and config["init_from"] == "scratch":
         raise UserError("eval_only=True evaluates a trained model: give --init_from=resume (the checkpoint in "
                         "out_dir) or a GPT-2 model")
@@ -272,7 +279,7 @@ if __name__ == "__main__":
             # taken before the checkpoint is read and held until this process ends: a second run here is refused
             lock = FolderLock(config["out_dir"])
         if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
-            ckpt_path = os.path.join(config["out_dir"], "ckpt.pt")
+            ckpt_path = checkpoint_file(config["out_dir"], config["resume_from"])
             checkpoint = load_checkpoint(ckpt_path)  # every process reads it, where it sees out_dir
             check_same_shape(checkpoint["model_args"], config, config_defaults)
             if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"]:
@@ -308,9 +315,17 @@ if __name__ == "__main__":
     fsdp = ddp and parallelism == "fsdp"
     report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
     if checkpoint is not None and not (eval_only or dry_run):  # those two leave the run's files as they are
-        for name in on_rank0(lambda: repair_published(out_dir, checkpoint), rank, world_size) or []:
+        on_rank0(lambda: check_no_later_steps(out_dir, ckpt_path, checkpoint["iter_num"]), rank, world_size)
+        repaired = on_rank0(lambda: repair_published(out_dir, checkpoint), rank, world_size) \
+            if resume_from == "ckpt.pt" else None  # what it repairs are links to ckpt.pt
+        for name in repaired or []:
             report.print(f"{name} was missing or older than ckpt.pt (the run was stopped between writing the two): "
                          f"written now from ckpt.pt, iter {checkpoint['iter_num']}", always=True)
+        best = on_rank0(lambda: better_best(out_dir, checkpoint, ckpt_path), rank, world_size, share=True)
+        if best is not None:  # the run went back to an earlier step: what best.pt holds is still the run's best
+            checkpoint["best_val_loss"], checkpoint["best_iter"] = best
+            report.print(f"best.pt (iter {best[1]}, val loss {best[0]:.4f}) is better than any step up to iter "
+                         f"{checkpoint['iter_num']}: it stays best.pt until an evaluation beats it", always=True)
     if checkpoint is not None and checkpoint["evaluated"] and checkpoint["iter_num"] >= max_iters \
             and not (eval_only or dry_run):  # a dry run still shows its plan
         report.print(f"the run in {out_dir} is finished: its checkpoint is at iter {checkpoint['iter_num']} and "

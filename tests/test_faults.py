@@ -202,6 +202,37 @@ def test_kill_9_at_random_moments_never_loses_the_run(char_data, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_going_back_to_a_kept_step_keeps_best_pt_and_refuses_to_replace_later_checkpoints(char_data, tmp_path):
+    """--resume_from=ckpt_8.pt (unpadded): the checkpoints after step 8 are refused, not overwritten; once moved
+    out, the run goes on from step 8, and best.pt (of a later, better step) is not replaced by worse evaluations."""
+    out = str(tmp_path / "out")
+    args = dict(max_iters=16, dropout=0.0, keep_last_n=4)
+    assert run_script("train.py", *args_for(char_data, out, **args), cwd=str(tmp_path)).returncode == 0
+    best = torch.load(os.path.join(out, "best.pt"), map_location="cpu", weights_only=True)
+    step_8 = torch.load(os.path.join(out, "ckpt_0000008.pt"), map_location="cpu", weights_only=True)
+    assert best["iter_num"] > 8 and best["best_val_loss"] < step_8["best_val_loss"]
+    before = digests(out)
+    back = dict(args, init_from="resume", resume_from="ckpt_8.pt")  # the same steps again: never strictly better
+    refused = run_script("train.py", *args_for(char_data, out, **back), cwd=str(tmp_path))
+    assert refused.returncode != 0 and (f"ckpt_0000008.pt is iter 8, but {out} holds checkpoints of later steps "
+                                        "(ckpt.pt, ckpt_0000012.pt, ckpt_0000016.pt)") in refused.stderr
+    assert digests(out) == before
+    os.makedirs(tmp_path / "later")
+    for name in ("ckpt.pt", "ckpt_0000012.pt", "ckpt_0000016.pt"):
+        os.rename(os.path.join(out, name), tmp_path / "later" / name)
+    result = run_script("train.py", *args_for(char_data, out, **back), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"best.pt (iter {best['iter_num']}, val loss" in result.stdout
+    val = {int(r["iter"]): float(r["val_loss"]) for r in read_metrics(out) if r["val_loss"]}
+    assert val[12] < step_8["best_val_loss"]  # so best.pt would have been replaced at step 12, had the run
+    assert digests(out)["best.pt"] == before["best.pt"]  # gone by ckpt_8's best alone
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    assert (summary["best_iter"], summary["best_val_loss"]) == (best["iter_num"], pytest.approx(best["best_val_loss"]))
+    redone, first = weights(out), torch.load(tmp_path / "later" / "ckpt.pt", map_location="cpu", weights_only=True)
+    assert all(torch.equal(redone[k], first["model"][k]) for k in redone)  # and exactly: step 8 on is as before
+
+
 @pytest.mark.parametrize("always", [True, False])
 def test_always_save_checkpoint_false_saves_only_improvements_and_the_end(char_data, tmp_path, always):
     """A learning rate too small to move any fp32 weight: every eval's val loss equals iter 0's, so none improves."""
