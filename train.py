@@ -28,9 +28,9 @@ import torch.distributed as dist
 import configurator
 from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, better_best, check_init_from,
                         check_no_later_steps, check_same_checkpoint, check_same_shape, check_vocabulary,
-                        checkpoint_file, gather_rng_states, load_checkpoint, load_pretrained, own_kept_step,
-                        publish_checkpoint, repair_published, restore_training_state, save_checkpoint,
-                        take_optimizer_state, training_state)
+                        checkpoint_file, gather_rng_states, load_checkpoint, load_model_state, load_pretrained,
+                        own_kept_step, publish_checkpoint, repair_published, restore_training_state,
+                        save_checkpoint, take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
                     excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0, peak_flops, raise_held,
                     resolve_dtype, setup_distributed)
@@ -282,7 +282,7 @@ if __name__ == "__main__":
             ckpt_path = checkpoint_file(config["out_dir"], config["resume_from"])
             checkpoint = load_checkpoint(ckpt_path)  # every process reads it, where it sees out_dir
             check_same_shape(checkpoint["model_args"], config, config_defaults)
-            if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"]:
+            if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"] and not config["eval_only"]:
                 raise UserError(f"checkpoint {ckpt_path} was trained with optimizer="
                                 f"{checkpoint['config'].get('optimizer', 'adamw')}, not {config['optimizer']}: resume "
                                 f"with that optimizer, or start a new run from its weights with --init_from={ckpt_path} "
@@ -468,12 +468,15 @@ if __name__ == "__main__":
     # ---- optimizer, and the rest of a resumed run's state
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))  # fp16 needs loss scaling, bf16 not
     # the setting `optimizer` names the kind; from here on the name holds the optimizer itself
-    optimizer = build_optimizer(model, optimizer, weight_decay, learning_rate, (beta1, beta2), muon_lr, muon_momentum,
-                                device_type)
+    optimizer = None if eval_only else build_optimizer(model, optimizer, weight_decay, learning_rate, (beta1, beta2),
+                                                       muon_lr, muon_momentum, device_type)  # eval_only: no moments
     wandb_run_id, skip_first_eval = None, False
-    if init_from not in ("scratch", "resume") and start_optimizer is not None:
+    if init_from not in ("scratch", "resume") and start_optimizer is not None and not eval_only:
         refused = take_optimizer_state(optimizer, start_optimizer)
         report.print(f"optimizer state of {init_from} " + (f"not taken: {refused}" if refused else "taken (its moments)"))
+    if checkpoint is not None and eval_only:  # the weights alone, as the memory plan of an evaluation counts
+        load_model_state(model, checkpoint["model"], ckpt_path)
+        iter_num, checkpoint = checkpoint["iter_num"], None
     if checkpoint is not None:
         state = restore_training_state(checkpoint, ckpt_path, model, optimizer, scaler, rank, world_size, device_type)
         iter_num, tokens_seen, best_val_loss, best_iter = (state[k] for k in PROGRESS_KEYS)
@@ -495,7 +498,7 @@ if __name__ == "__main__":
         report.print(f"compiling the model (mode {compile_mode})...")
         model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     eval_model = model
-    if ddp and not fsdp:
+    if ddp and not fsdp and not eval_only:  # an evaluation computes no gradients to all-reduce
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
     def write_sample(it: int):
@@ -530,7 +533,6 @@ if __name__ == "__main__":
         report.eval_only(dict(init_from=init_from, iter=iter_num if init_from == "resume" else None,  # else not ours
                               dataset=dataset, eval_iters=eval_iters, batch_size=batch_size, block_size=block_size,
                               train_loss=losses["train"], val_loss=losses["val"]))
-        del model  # the DDP wrapper holds the process group
         leave_distributed(world_size)
         sys.exit(0)
 

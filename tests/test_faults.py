@@ -557,6 +557,17 @@ def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_pat
     assert evaluated["iter"] == 4 and evaluated["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-6)
 
 
+def test_eval_only_reads_the_weights_alone_so_a_muon_run_needs_no_optimizer_setting(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_script("train.py", *args_for(char_data, out, max_iters=4, optimizer="muon"), cwd=str(tmp_path)).returncode == 0
+    result = run_script("train.py", *args_for(char_data, out, max_iters=4, init_from="resume", eval_only=True),
+                        cwd=str(tmp_path))  # optimizer: the default adamw, which the run did not use
+    assert result.returncode == 0, result.stderr
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    evaluated = json.load(open(os.path.join(out, "eval.json")))
+    assert evaluated["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-6)
+
+
 @pytest.mark.parametrize("how", ["finished", "eval_only", "dry_run"])
 def test_each_early_exit_under_ddp_leaves_the_group_cleanly(trained, char_data, how):
     """The three ways train.py ends before training: every rank leaves the process group and exits 0."""
