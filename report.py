@@ -10,11 +10,24 @@ import os
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import metrics
 from common import UserError, atomic_write, json_text, write_json
 
 SAMPLE_HEADING = re.compile(r"^---- iter (\d+) ----\n", re.M)  # each sample in samples.txt starts with one
+
+
+@contextmanager
+def writing_run_files():
+    """A run file that cannot be written (a full disk, a read-only file) is one error line naming it: the earlier
+    file stays whole (writes are atomic or appends), as do the checkpoints written so far."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"cannot write {e.filename or 'a run file'} ({e.strerror or e}): free space on its disk or "
+                        "make it writable, then run again (--init_from=resume continues from the last "
+                        "checkpoint)") from None
 
 
 def sample_entry(it: int, text: str) -> str:
@@ -127,11 +140,12 @@ class Reporter:
                 raise UserError(f"wandb_log=True but wandb could not start ({e}): run `wandb login`, set "
                                 "WANDB_MODE=offline (then `wandb sync` later), or pass --wandb_log=False") from None
             self.wandb, run_id = wandb, wandb.run.id
-        write_json(os.path.join(self.out_dir, "config.json"), dict(sorted(config.items())))
-        write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info})
-        if truncate_at is not None:
-            metrics.truncate(self.out_dir, truncate_at)
-            self.samples = truncate_samples(self.out_dir, truncate_at)  # so wandb's table goes on with the earlier ones
+        with writing_run_files():
+            write_json(os.path.join(self.out_dir, "config.json"), dict(sorted(config.items())))
+            write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info})
+            if truncate_at is not None:
+                metrics.truncate(self.out_dir, truncate_at)
+                self.samples = truncate_samples(self.out_dir, truncate_at)  # wandb's table goes on with the earlier ones
         return run_id
 
     def eval(self, it: int, tokens: int, losses: dict):
@@ -156,8 +170,9 @@ class Reporter:
         if not self.active:
             return
         path = os.path.join(self.out_dir, "eval.json")
-        os.makedirs(self.out_dir, exist_ok=True)  # evaluating GPT-2 may name a new out_dir
-        write_json(path, {**result, "time": datetime.datetime.now().isoformat(timespec="seconds")})
+        with writing_run_files():
+            os.makedirs(self.out_dir, exist_ok=True)  # evaluating GPT-2 may name a new out_dir
+            write_json(path, {**result, "time": datetime.datetime.now().isoformat(timespec="seconds")})
         if self.format == "json":
             print(json_text({"eval": result}), flush=True)
         else:
@@ -195,7 +210,7 @@ class Reporter:
             print(json_text({"iter": it, "sample": text}), flush=True)
         else:
             print(f"---- sample at iter {it} ----\n{text}\n----")
-        with open(os.path.join(self.out_dir, "samples.txt"), "a", encoding="utf-8") as f:
+        with writing_run_files(), open(os.path.join(self.out_dir, "samples.txt"), "a", encoding="utf-8") as f:
             f.write(sample_entry(it, text))
         self.samples.append([it, text])
         if not isinstance(self.wandb, NoWandb):
@@ -205,7 +220,8 @@ class Reporter:
         """Write summary.json and print it: one JSON line, or one sentence."""
         if not self.active:
             return
-        write_json(os.path.join(self.out_dir, "summary.json"), summary)
+        with writing_run_files():
+            write_json(os.path.join(self.out_dir, "summary.json"), summary)
         if self.format == "json":
             print(json_text({"summary": summary}))
         else:

@@ -557,6 +557,18 @@ def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_pat
     assert evaluated["iter"] == 4 and evaluated["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-6)
 
 
+@pytest.mark.parametrize("blocked", ["config.json.tmp", "summary.json.tmp"])
+def test_a_run_file_that_cannot_be_written_is_one_error_line(char_data, tmp_path, blocked):
+    """A folder where the file (or its temporary) goes: open fails as it would on a full disk, even for root."""
+    out = tmp_path / "out"
+    os.makedirs(out / blocked)
+    result = run_script("train.py", *args_for(char_data, str(out), max_iters=4, sample_interval=1, sample_tokens=4),
+                        cwd=str(tmp_path))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"error: cannot write {out / blocked} (Is a directory): free space on its disk or make it" in result.stderr
+    assert os.path.isfile(out / "ckpt.pt") == (blocked == "summary.json.tmp")  # the end's checkpoint, then summary
+
+
 def test_eval_only_reads_the_weights_alone_so_a_muon_run_needs_no_optimizer_setting(char_data, tmp_path):
     out = str(tmp_path / "out")
     assert run_script("train.py", *args_for(char_data, out, max_iters=4, optimizer="muon"), cwd=str(tmp_path)).returncode == 0
