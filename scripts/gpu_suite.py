@@ -2,7 +2,7 @@
 The GPU suite: checks and times everything that needs a GPU, for short borrowed slots.
 
     python scripts/gpu_suite.py --out=gpu_results                 # what fits in --budget seconds (480: 8 minutes)
-    python scripts/gpu_suite.py --out=gpu_results --only=options,nanogpt,autotune --budget=560
+    python scripts/gpu_suite.py --out=gpu_results --only=options,nanogpt,autotune --budget=520
     python scripts/gpu_suite.py --out=gpu_results --nanogpt=PATH   # also time nanoGPT's train.py beside ours
 
 Steps, in order: env; checks (the CUDA tests and the Shakespeare char runs, side by side on the GPU, since only
@@ -58,7 +58,9 @@ class Suite:
         f = open(log, "w")
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        # a process group of its own, to stop it with all it started; not a session of its own, which a borrowed
+        # machine would leave running after the suite's command is killed, on the GPU that the next call times
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True, process_group=0,
                                 env={**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})})
         self.jobs.append(proc)
         return {"name": name, "proc": proc, "log": log, "file": f, "t0": time.time()}
@@ -81,23 +83,24 @@ class Suite:
         return code, output
 
     @staticmethod
-    def stop(proc: subprocess.Popen):
-        """SIGTERM to the job's session (it started one: its children go too), SIGKILL to what is left 20 s later."""
+    def stop(*procs: subprocess.Popen):
+        """SIGTERM to each job's process group (its children too), SIGKILL to what is left 20 s later."""
         for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 30)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:  # nothing of the session is left
-                return
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
+            for proc in procs:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:  # nothing of the group is left
+                    pass
+            deadline = time.time() + grace
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    pass
 
     def stop_all(self):
-        """Every job still running (the suite itself is ending, say on an error): none may outlive it."""
-        for proc in self.jobs:
-            if proc.poll() is None:
-                self.stop(proc)
+        """Every job still running (the suite itself is ending, on an error or a SIGTERM): none may outlive it."""
+        self.stop(*(proc for proc in self.jobs if proc.poll() is None))
 
     def run(self, name: str, cmd: list[str], timeout: float, cwd: str = ROOT) -> tuple[int, str]:
         return self.wait(self.start(name, cmd, cwd), timeout)
@@ -486,6 +489,7 @@ if __name__ == "__main__":
         sys.exit("error: the checks need tiny Shakespeare and data/shakespeare_char/input.txt is not here: carry it "
                  "to this machine, or give --char_text=PATH or --char_data=DIR")
     args.char_iters = args.char_iters or (2000 if ON_GPU else 20)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a SIGTERM ends the suite by its finally: jobs stopped
     suite = Suite(args.out, args.work, args.budget)
     left_out = []  # steps not started, or stopped at the budget's end: the next call's --only
     try:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 import torch
@@ -419,6 +420,25 @@ def test_the_gpu_suite_stops_a_step_at_the_budget_and_names_it_for_the_next_call
     assert any(row.startswith("| Shakespeare char") and "| FAILED | see logs/char_fast.log" in row for row in rows), rows
     assert "next, python scripts/gpu_suite.py --out=DIR --only=checks" in result.stdout
     assert re.search(r"char_fast: exit 124 after \d+ s", result.stdout)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "work") in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_gpu_suite_stopped_by_sigterm_stops_every_job_it_started(char_data, tmp_path):
+    """A borrowed machine's time limit ends the suite's command: its jobs, in process groups of their own, must
+    go with it rather than run on during the next call."""
+    import psutil
+    suite = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}",
+                              f"--work={tmp_path / 'work'}", f"--char_data={char_data}", "--char_iters=100000",
+                              "--only=checks", "--budget=300"], cwd=str(tmp_path), stdout=subprocess.PIPE, text=True)
+    jobs = []
+    for _ in range(600):  # the long char run has started: a job of the suite's
+        jobs = [p for p in psutil.Process(suite.pid).children(recursive=True) if "char_fast" in " ".join(p.cmdline())]
+        if jobs:
+            break
+        time.sleep(0.1)
+    assert jobs and os.getpgid(jobs[0].pid) != os.getpgid(suite.pid) and os.getsid(jobs[0].pid) == os.getsid(suite.pid)
+    suite.send_signal(signal.SIGTERM)
+    assert suite.wait(timeout=60) == 143
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "work") in " ".join(p.info["cmdline"] or [])]
 
 
