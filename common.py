@@ -32,7 +32,9 @@ def excepthook(exc_type, exc, tb):
 # ---- devices and precision
 
 def check_device(device: str) -> str:
-    """The device type of `device`, or a UserError when that device is absent."""
+    """The device type of `device`, or a UserError when that device is absent. A CUDA device given by index
+    becomes the current one, so that the calls which take no device (synchronize, the RNG state, memory figures)
+    mean it and not GPU 0."""
     import torch
     try:
         device_type = torch.device(device).type
@@ -46,6 +48,8 @@ def check_device(device: str) -> str:
     if device_type == "cuda" and index is not None and index >= torch.cuda.device_count():
         raise UserError(f"device '{device}' asked for but there are {torch.cuda.device_count()} CUDA devices (0 to "
                         f"{torch.cuda.device_count() - 1})")
+    if device_type == "cuda" and index is not None:
+        torch.cuda.set_device(index)
     if device_type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"device '{device}' asked for but MPS is not available: use --device=cpu")
     return device_type
