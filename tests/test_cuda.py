@@ -187,3 +187,16 @@ def test_two_gpu_ddp_over_nccl_matches_one_gpu(gpu_data, tmp_path):
     a, b = step_losses(read_metrics(one)), step_losses(read_metrics(two))
     for i in a:
         assert b[i] == pytest.approx(a[i], abs=1e-3), i
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_run_on_the_second_gpu_resumes_exactly(gpu_data, tmp_path):
+    """--device=cuda:1 in one process: its CUDA RNG state (dropout) is GPU 1's, so the resume is exact."""
+    straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
+    args = dict(device="cuda:1", dtype="float32", max_iters=20)
+    assert run_script("train.py", *gpu_args(gpu_data, straight, **args), cwd=str(tmp_path)).returncode == 0
+    assert run_script("train.py", *gpu_args(gpu_data, broken, **dict(args, max_iters=10)), cwd=str(tmp_path)).returncode == 0
+    assert run_script("train.py", *gpu_args(gpu_data, broken, **dict(args, init_from="resume")),
+                      cwd=str(tmp_path)).returncode == 0
+    a, b = step_losses(read_metrics(straight)), step_losses(read_metrics(broken))
+    assert a == b
