@@ -175,7 +175,8 @@ class MLP(nn.Module):
         if self.kind == "gelu":
             h = F.gelu(h, approximate="tanh")  # GPT-2 was trained with the tanh approximation
         elif self.kind == "relu2":
-            h = F.relu(h).square()
+            h = F.relu(h)
+            h = h * h  # not square(): that is pow, which CUDA's autocast runs in fp32, doubling this activation
         else:
             gate, value = h.chunk(2, dim=-1)
             h = F.silu(gate) * value

@@ -200,3 +200,15 @@ def test_a_run_on_the_second_gpu_resumes_exactly(gpu_data, tmp_path):
                       cwd=str(tmp_path)).returncode == 0
     a, b = step_losses(read_metrics(straight)), step_losses(read_metrics(broken))
     assert a == b
+
+
+@pytest.mark.parametrize("mlp", ["gelu", "relu2", "swiglu"])
+def test_the_mlp_hidden_activation_stays_16_bit_under_autocast(mlp):
+    """CUDA's autocast runs some ops (pow among them) in fp32: a hidden activation made by one would be twice the
+    memory the plan counts."""
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=16, vocab_size=65, mlp=mlp)).cuda()
+    seen = []
+    model.transformer.h[0].mlp.c_proj.register_forward_pre_hook(lambda _, args: seen.append(args[0].dtype))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(torch.randint(65, (2, 16), device="cuda"))
+    assert seen == [torch.bfloat16]
