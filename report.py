@@ -30,6 +30,16 @@ def writing_run_files():
                         "checkpoint)") from None
 
 
+def check_wandb(wandb_log: bool):
+    """wandb_log=True needs wandb importable: said at the start, not after the data and model are ready."""
+    if wandb_log:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise UserError("wandb_log=True but wandb is not installed: pip install wandb, or pass "
+                            "--wandb_log=False") from None
+
+
 def sample_entry(it: int, text: str) -> str:
     """A sample as samples.txt holds it: its heading (SAMPLE_HEADING), then its text."""
     return f"---- iter {it} ----\n{text}\n"

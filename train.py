@@ -41,7 +41,7 @@ from hellaswag import check_encodable, find_data, read_examples, score
 from memory import check_fits, describe, free_bytes, largest_batch, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
-from report import Reporter
+from report import Reporter, check_wandb
 from sharding import full, full_state, shard
 from tokenizer import codec as codec_of, decodable_ids, encode_setting
 
@@ -258,6 +258,7 @@ if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)  # types and each setting's rule
     check_init_from(config["init_from"], ("scratch", "resume"))
+    check_wandb(config["wandb_log"])
     if config["resume_from"] != "ckpt.pt" and (config["init_from"] != "resume" or os.path.basename(
             config["resume_from"]) != config["resume_from"]):
         raise UserError(f"resume_from={config['resume_from']!r} names a checkpoint in out_dir (ckpt.pt, or a kept "

@@ -315,6 +315,9 @@ CASES = [
          r"sample_prompt: the text has characters the dataset does not: \['X', 'Y', 'Z'\]: write it with"),
     Case("gpt2 without transformers", "train.py", [*TRAIN, "--init_from=gpt2"],
          r"needs Hugging Face transformers: pip install transformers", runner=WITHOUT_TRANSFORMERS),
+    Case("wandb_log without wandb", "train.py", [*TRAIN, "--wandb_log=True"],
+         r"wandb_log=True but wandb is not installed: pip install wandb, or pass --wandb_log=False",
+         runner=after("sys.modules['wandb'] = None")),
     Case("gpt2 offline", "train.py", [*TRAIN, "--init_from=gpt2"], r"could not load 'gpt2' \(.*\): without network access, save the model .* and pass that folder",
          env={"HF_HUB_OFFLINE": "1", "HF_HOME": "{tmp}/hf"}),
     # ---- sample.py
