@@ -200,6 +200,14 @@ def test_a_transformers_gpt2_that_scales_its_attention_otherwise_is_refused(tmp_
         hf.load(str(tmp_path))
 
 
+def test_a_transformers_llama_with_an_odd_head_size_is_refused(tmp_path):
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=1, hidden_size=12, num_attention_heads=4, num_key_value_heads=4, intermediate_size=16,
+        vocab_size=11, max_position_embeddings=8, rms_norm_eps=1e-5)).save_pretrained(tmp_path)
+    with pytest.raises(UserError, match=r"head_dim 3, .* is not one model.py computes: .*\(even, for rotary positions\)"):
+        hf.load(str(tmp_path))
+
+
 def test_a_folder_with_damaged_weights_is_a_one_line_error(tmp_path):
     folder = str(tmp_path / "hf")
     export(random_model(), {"tokenizer": "char", "chars": "abcdefghij"}, folder, "float32", False)
