@@ -161,8 +161,8 @@ def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
                 or head_dim % 2 or hf.attention_bias != getattr(hf, "mlp_bias", False):
             raise UserError(f"this LLaMA model (hidden_act {hf.hidden_act}, rms_norm_eps {hf.rms_norm_eps}, head_dim "
                             f"{head_dim}, attention_bias {hf.attention_bias}) is not one model.py computes: it needs "
-                            f"silu, eps {EPS}, head_dim = hidden_size / heads (even, for rotary positions) and the same bias "
-                            "setting throughout")
+                            f"silu, eps {EPS}, head_dim = hidden_size / heads (even, for rotary positions) and the "
+                            "same bias setting throughout")
         config = GPTConfig(block_size=hf.max_position_embeddings, vocab_size=hf.vocab_size, n_layer=hf.num_hidden_layers,
                            n_head=hf.num_attention_heads, n_kv_head=hf.num_key_value_heads, n_embd=hf.hidden_size,
                            bias=hf.attention_bias, dropout=dropout, pos_emb="rope", rope_theta=rope_theta_of(hf),

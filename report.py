@@ -155,7 +155,7 @@ class Reporter:
             write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info})
             if truncate_at is not None:
                 metrics.truncate(self.out_dir, truncate_at)
-                self.samples = truncate_samples(self.out_dir, truncate_at)  # wandb's table goes on with the earlier ones
+                self.samples = truncate_samples(self.out_dir, truncate_at)  # wandb's table goes on with these
         return run_id
 
     def eval(self, it: int, tokens: int, losses: dict):
