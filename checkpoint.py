@@ -325,7 +325,7 @@ def repair_published(out_dir: str, checkpoint: dict) -> list[str]:
     between writing ckpt.pt and linking it: best.pt when ckpt.pt is the run's best and best.pt lags it,
     ckpt_<iter>.pt when the run kept steps and has none as recent. Returns the names written (none when all is in
     place). The link takes milliseconds, but a filesystem without hard links copies, for seconds on a large model.
-    A best.pt or kept step newer than ckpt.pt is left alone: ckpt.pt may be an earlier copy the user put back."""
+    A better best.pt or a kept step newer than ckpt.pt is left alone: ckpt.pt may be an earlier copy put back."""
     iter_num, evaluated = checkpoint["iter_num"], checkpoint["evaluated"]
     keep_last_n = checkpoint["config"].get("keep_last_n", 0) if evaluated else 0
     kept_missing = keep_last_n > 0 and all(own_kept_step(f) < iter_num for f in os.listdir(out_dir))
@@ -337,8 +337,9 @@ def repair_published(out_dir: str, checkpoint: dict) -> list[str]:
 
 
 def best_lags(out_dir: str, checkpoint: dict) -> bool:
-    """Whether out_dir/best.pt lags ckpt.pt (read as checkpoint): missing or unreadable, or from an earlier step
-    with a worse val loss. Read mapped, so only its small header is read; a hard link to ckpt.pt is not read."""
+    """Whether out_dir/best.pt lags ckpt.pt (read as checkpoint): missing or unreadable, or with a worse val loss
+    than ckpt.pt's best (from an earlier step, or from the steps a run went back from: either way superseded).
+    Read mapped, so only its small header is read; a hard link to ckpt.pt is not read."""
     path = os.path.join(out_dir, "best.pt")
     if not os.path.isfile(path):
         return True
@@ -350,8 +351,7 @@ def best_lags(out_dir: str, checkpoint: dict) -> bool:
         return True
     if not isinstance(best, dict):
         return True
-    older = best.get("iter_num", -1) < checkpoint["iter_num"]
-    return older and best.get("best_val_loss", float("inf")) > checkpoint["best_val_loss"]
+    return best.get("best_val_loss", float("inf")) > checkpoint["best_val_loss"]
 
 
 def check_no_later_steps(out_dir: str, path: str, iter_num: int):
@@ -369,7 +369,9 @@ def check_no_later_steps(out_dir: str, path: str, iter_num: int):
     if later:
         raise UserError(f"{path} is iter {iter_num}, but {out_dir} holds checkpoints of later steps "
                         f"({', '.join(later[:4])}{', ...' if len(later) > 4 else ''}), which resuming from it would "
-                        "replace: move them out of out_dir to keep them, or delete them, then resume")
+                        "replace: move them out of out_dir to keep them (and copy metrics.csv, whose rows past that "
+                        "step are dropped), or delete them, then resume; if they are the progress made since going "
+                        "back, resume without --resume_from")
 
 
 def better_best(out_dir: str, checkpoint: dict, path: str) -> tuple[float, int] | None:

@@ -172,11 +172,12 @@ def check_new_run(out_dir: str, overwrite: bool, init_from: str) -> list[str]:
     return old
 
 
-def kept_checkpoint(out_dir: str, saved_iter: int | None) -> str:
-    """What a run that stops on non-finite weights leaves to resume from."""
-    if saved_iter is None:
+def kept_checkpoint(saved: tuple[str, int] | None) -> str:
+    """What a run that stops on non-finite weights leaves to resume from (saved: the path and iter of the
+    checkpoint last written or resumed, None when there is none)."""
+    if saved is None:
         return "no checkpoint had been written"
-    return f"the last good checkpoint, {out_dir}/ckpt.pt at iter {saved_iter}, is kept"
+    return f"the last good checkpoint, {saved[0]} at iter {saved[1]}, is kept"
 
 
 class StopFlag:
@@ -561,7 +562,7 @@ if __name__ == "__main__":
     skip_on_device = not sync_every_step and skips_on_device(optimizer)
     skipped_steps, in_a_row, worst_in_a_row = (torch.zeros((), device=device) for _ in range(3))
     skipped_reported, last_losses, last_eval_iter = 0, None, None
-    saved_iter = iter_num if init_from == "resume" else None  # the iter of out_dir's ckpt.pt, if it has one
+    saved = (ckpt_path, iter_num) if init_from == "resume" else None  # the checkpoint to go back to, if any
     t_start, train_time, start_iter = time.monotonic(), 0.0, iter_num
     train_batches = Prefetcher(read_train_batch, ((it, m) for it in itertools.count(iter_num) for m in range(accum_steps)),
                                prefetch_batches, device)
@@ -590,7 +591,7 @@ if __name__ == "__main__":
             finite = math.isfinite(losses["val"])
             if final and not finite:  # not a finished run: its last weights are not finite
                 raise UserError(f"the last evaluation (iter {iter_num}) gave val loss {losses['val']}: the weights are "
-                                f"not finite and were not saved; {kept_checkpoint(out_dir, saved_iter)}. Lower "
+                                f"not finite and were not saved; {kept_checkpoint(saved)}. Lower "
                                 "learning_rate, raise warmup_iters or check the data")
             # the sample before the save: a kill between the two then redoes both on resume, rather than neither
             if master_process and sample_interval and evals_done % sample_interval == 0:
@@ -600,7 +601,7 @@ if __name__ == "__main__":
                     report.print(f"iter {iter_num}: no sample, the val loss is {losses['val']}", always=True)
             if iter_num > 0 and finite and (improved or always_save_checkpoint or final):
                 save(evaluated=True, improved=improved)
-                saved_iter = iter_num
+                saved = (os.path.join(out_dir, "ckpt.pt"), iter_num)
             t_log += time.monotonic() - t_eval  # keep evaluation out of the ms/iter figures
         skip_first_eval = False
         if iter_num >= max_iters:
@@ -648,7 +649,7 @@ if __name__ == "__main__":
                              always=True)
             if worst >= max_nonfinite_steps:
                 raise UserError(f"{int(worst)} steps in a row had a non-finite loss or gradient norm (by iter "
-                                f"{iter_num}): stopping; {kept_checkpoint(out_dir, saved_iter)}. Lower "
+                                f"{iter_num}): stopping; {kept_checkpoint(saved)}. Lower "
                                 "learning_rate, raise warmup_iters or check the data")
             if log_now:
                 t_now = time.monotonic()  # after the sync above, so the timing is real

@@ -231,6 +231,9 @@ def test_going_back_to_a_kept_step_keeps_best_pt_and_refuses_to_replace_later_ch
     assert (summary["best_iter"], summary["best_val_loss"]) == (best["iter_num"], pytest.approx(best["best_val_loss"]))
     redone, first = weights(out), torch.load(tmp_path / "later" / "ckpt.pt", map_location="cpu", weights_only=True)
     assert all(torch.equal(redone[k], first["model"][k]) for k in redone)  # and exactly: step 8 on is as before
+    again = run_script("train.py", *args_for(char_data, out, **back), cwd=str(tmp_path))  # a requeued job, say
+    assert again.returncode != 0 and "if they are the progress made since going back, resume without --resume_from" \
+        in again.stderr
 
 
 @pytest.mark.parametrize("always", [True, False])

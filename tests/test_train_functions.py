@@ -513,6 +513,9 @@ def test_best_and_kept_checkpoints_missed_by_a_kill_are_written_at_resume(tmp_pa
     save(state(4, 4), "ckpt.pt")
     assert repair_published(str(tmp_path), state(4, 4)) == [] and step_of("best.pt") == 8
     assert sorted(f for f in os.listdir(tmp_path) if f.startswith("ckpt_")) == ["ckpt_0000004.pt", "ckpt_0000008.pt"]
+    gone_back = {**state(6, 6), "best_val_loss": 1.0}  # from step 4 on again: a new best, better than step 8's,
+    save(gone_back, "ckpt.pt")  # killed before best.pt: the older-numbered step is the newer best and is published
+    assert repair_published(str(tmp_path), gone_back) == ["best.pt"] and step_of("best.pt") == 6
 
 
 def test_another_runs_optimizer_state_is_taken_with_this_runs_settings():
