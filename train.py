@@ -259,7 +259,6 @@ if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)  # types and each setting's rule
     check_init_from(config["init_from"], ("scratch", "resume"))
-    check_wandb(config["wandb_log"])
     if config["resume_from"] != "ckpt.pt" and (config["init_from"] != "resume" or os.path.basename(
             config["resume_from"]) != config["resume_from"]):
         raise UserError(f"resume_from={config['resume_from']!r} names a checkpoint in out_dir (ckpt.pt, or a kept "
@@ -274,6 +273,8 @@ if __name__ == "__main__":
     # errors met in out_dir before the processes join: under torchrun held till they have (see raise_held)
     held, checkpoint = None, None
     try:
+        if master_process:  # only rank 0 logs, and dry runs and evaluations start no wandb run
+            check_wandb(config["wandb_log"] and not (config["eval_only"] or config["dry_run"]))
         if master_process and not config["dry_run"]:  # a dry run writes nothing, so a read-only out_dir will do
             check_writable(config["out_dir"])
         if master_process and not (config["eval_only"] or config["dry_run"]):  # these two write no run files

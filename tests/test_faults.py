@@ -572,6 +572,17 @@ def test_a_run_file_that_cannot_be_written_is_one_error_line(char_data, tmp_path
     assert os.path.isfile(out / "ckpt.pt") == (blocked == "summary.json.tmp")  # the end's checkpoint, then summary
 
 
+@pytest.mark.parametrize("flag", ["--dry_run=True", "--eval_only=True"])
+def test_dry_runs_and_evaluations_need_no_wandb_whatever_wandb_log_says(trained, char_data, tmp_path, flag):
+    """A config with wandb_log = True (train_gpt2.py) on a machine without wandb: neither starts a wandb run."""
+    without_wandb = (f"import runpy, sys; sys.modules['wandb'] = None; sys.argv = sys.argv[1:]; "
+                     f"sys.path.insert(0, {ROOT!r}); runpy.run_path(sys.argv[0], run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", without_wandb, os.path.join(ROOT, "train.py"),
+                             *args_for(char_data, trained, max_iters=4, init_from="resume", wandb_log=True), flag],
+                            cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 def test_eval_only_reads_the_weights_alone_so_a_muon_run_needs_no_optimizer_setting(char_data, tmp_path):
     out = str(tmp_path / "out")
     assert run_script("train.py", *args_for(char_data, out, max_iters=4, optimizer="muon"), cwd=str(tmp_path)).returncode == 0
