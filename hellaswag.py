@@ -42,7 +42,7 @@ def find_data(path: str) -> str:
 
 
 def read_examples(path: str) -> list[dict]:
-    """The items of a HellaSwag jsonl, each checked: ctx a string, endings four strings, label 0 to 3."""
+    """The items of a HellaSwag jsonl, each checked: ctx a non-empty string, endings four strings, label 0 to 3."""
     examples = []
     with open(path, "rb") as f:  # bytes, so that a line that is not UTF-8 is an error naming it
         for n, line in enumerate(f, 1):
@@ -50,12 +50,14 @@ def read_examples(path: str) -> list[dict]:
                 continue
             try:
                 item = json.loads(line.decode("utf-8"))
-                ok = (isinstance(item["ctx"], str) and isinstance(item["endings"], list) and len(item["endings"]) == 4
-                      and all(isinstance(e, str) for e in item["endings"]) and item["label"] in (0, 1, 2, 3))
+                ok = (isinstance(item["ctx"], str) and item["ctx"] != "" and isinstance(item["endings"], list)
+                      and len(item["endings"]) == 4 and all(isinstance(e, str) for e in item["endings"])
+                      and item["label"] in (0, 1, 2, 3))  # an empty ctx leaves an ending's first token unscored
             except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
                 ok = False
             if not ok:
-                raise UserError(f"{path} line {n} is not a HellaSwag item (ctx: text, endings: 4 texts, label: 0-3)")
+                raise UserError(f"{path} line {n} is not a HellaSwag item (ctx: non-empty text, endings: 4 texts, "
+                                "label: 0-3)")
             examples.append({"ctx": item["ctx"], "endings": item["endings"], "label": int(item["label"])})
     if not examples:
         raise UserError(f"{path} holds no HellaSwag items")

@@ -97,6 +97,7 @@ def write_jsonl(path, items):
 
 @pytest.mark.parametrize("line,problem", [('{"ctx": "a", "endings": ["a", "b"], "label": 0}', "endings"),
                                           ('{"ctx": "a", "endings": ["a", "b", "c", "d"], "label": 4}', "label"),
+                                          ('{"ctx": "", "endings": ["a", "b", "c", "d"], "label": 0}', "empty ctx"),
                                           ("not json", "json"),
                                           ('{"ctx": "caf\xe9", "endings": ["a", "b", "c", "d"], "label": 0}', "latin-1")])
 def test_a_malformed_item_is_one_error_naming_its_line(tmp_path, line, problem):
