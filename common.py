@@ -48,8 +48,8 @@ def check_device(device: str) -> str:
     if device_type == "cuda" and index is not None and index >= torch.cuda.device_count():
         raise UserError(f"device '{device}' asked for but there are {torch.cuda.device_count()} CUDA devices (0 to "
                         f"{torch.cuda.device_count() - 1})")
-    if device_type == "cuda" and index is not None:
-        torch.cuda.set_device(index)
+    if device_type == "cuda" and index is not None and "LOCAL_RANK" not in os.environ:  # torchrun: each rank's own,
+        torch.cuda.set_device(index)  # set by setup_distributed (here every rank would make a context on this GPU)
     if device_type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"device '{device}' asked for but MPS is not available: use --device=cpu")
     return device_type
