@@ -107,11 +107,11 @@ config_defaults = configurator.config_keys(globals())  # taken here, so only the
 # train.py settings that do not change what a step costs: a training config file may set them, and bench
 # ignores them (tests/test_training.py checks that every train.py setting is here or a bench setting)
 TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval_iters", "eval_only", "dry_run",
-                 "always_save_checkpoint", "keep_last_n", "max_nonfinite_steps", "init_from", "overwrite",
-                 "sample_interval", "sample_prompt", "sample_tokens", "wandb_log", "wandb_project", "wandb_run_name",
-                 "hellaswag_interval", "hellaswag_file", "hellaswag_items", "max_iters", "lr_schedule", "cooldown_frac",
-                 "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "parallelism", "fsdp_reduce", "backend",
-                 "ddp_timeout")
+                 "always_save_checkpoint", "keep_last_n", "max_nonfinite_steps", "init_from", "resume_from",
+                 "overwrite", "sample_interval", "sample_prompt", "sample_tokens", "wandb_log", "wandb_project",
+                 "wandb_run_name", "hellaswag_interval", "hellaswag_file", "hellaswag_items", "max_iters",
+                 "lr_schedule", "cooldown_frac", "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr",
+                 "parallelism", "fsdp_reduce", "backend", "ddp_timeout")
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias", "dropout", "loss_chunk", "activation_checkpointing", "pos_emb",
               "rope_theta", "norm", "mlp", "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")  # settings that go to GPTConfig as they are
 # settings of the timing itself, the same for every config of a --compare
