@@ -50,6 +50,8 @@ def _checked(key: str, value, defaults: dict, source: str, autos=()):
             raise UserError(f"config key '{key}' in {source} is too large for a float: got {len(str(abs(value)))} "
                             "digits")
         return float(value)
+    if type(default) is float and isinstance(value, float):  # numpy's float64 is a float
+        return float(value)
     if key in autos and value == "auto":
         return value
     if type(value) is not type(default):
@@ -78,16 +80,27 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         raise UserError(f"'{path}' is a folder, not a config file: settings are given as --key=value{run}")
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' not found: give a path such as config/train_shakespeare_char.py")
+    kind = os.path.splitext(path)[1].lower()
+    if kind in (".json", ".yaml", ".yml", ".toml"):
+        raise UserError(f"config file '{path}' is {kind[1:].upper()}: config files are Python, one `key = value` "
+                        "per line (see config/)")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte-order mark, as some editors write, is no character
             source = f.read()
     except UnicodeDecodeError as e:
         raise UserError(f"config file '{path}' is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+    except OSError as e:
+        raise UserError(f"config file '{path}' cannot be read ({e.strerror or e}): check its permissions") from None
     try:
         tree = ast.parse(source, path)  # compiled, and read for the names it imports
         code = compile(tree, path, "exec")
     except SyntaxError as e:
         raise UserError(f"config file '{path}' line {e.lineno}: syntax error: {e.msg}") from None
+    for node in ast.walk(tree):  # `batch_size: 4` and `batch_size == 4` are Python too, and set nothing
+        if (isinstance(node, ast.AnnAssign) and node.value is None) or (isinstance(node, ast.Expr) and not isinstance(
+                node.value, (ast.Call, ast.Constant, ast.Await, ast.Yield, ast.YieldFrom))):
+            raise UserError(f"config file '{path}' line {node.lineno}: {ast.get_source_segment(source, node)!r} "
+                            "sets nothing: a setting is `key = value`")
     scope = dict(config)
     try:
         exec(code, scope)

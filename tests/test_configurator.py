@@ -85,6 +85,29 @@ def test_config_file_errors(tmp_path):
         configure(DEFAULTS, [str(broken)])
     with pytest.raises(UserError, match="config file 'nope.py' not found"):
         configure(DEFAULTS, ["nope.py"])
+    if os.path.isfile("/proc/self/mem"):  # a file that open() refuses, even to root
+        with pytest.raises(UserError, match=r"config file '/proc/self/mem' cannot be read \(.*\): check its permissions"):
+            configure(DEFAULTS, ["/proc/self/mem"])
+
+
+@pytest.mark.parametrize("name,text,problem", [
+    ("c.py", "batch_size = 4\nn_layer: 2\n", r"line 2: 'n_layer: 2' sets nothing: a setting is `key = value`"),
+    ("c.py", "batch_size == 4\n", r"line 1: 'batch_size == 4' sets nothing"),
+    ("c.yaml", "batch_size: 4\n", r"is YAML: config files are Python"),
+    ("c.json", '{"batch_size": 4}\n', r"is JSON: config files are Python"),
+])
+def test_a_config_file_that_would_set_nothing_is_refused(tmp_path, name, text, problem):
+    """Each of these parses as Python, and ran on the defaults without a word."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(UserError, match=problem):
+        configure(DEFAULTS, [str(tmp_path / name)])
+
+
+def test_a_config_file_may_start_with_a_byte_order_mark_and_call_print_and_set_numpy_floats(tmp_path):
+    path = tmp_path / "c.py"
+    path.write_bytes(b"\xef\xbb\xbf" + b'"""a docstring"""\nimport numpy as np\nprint("hi")\nlearning_rate = np.float64(1e-3)\n')
+    config = configure(DEFAULTS, [str(path)])
+    assert config["learning_rate"] == 1e-3 and type(config["learning_rate"]) is float
 
 
 def test_every_shipped_config_file_applies_to_train_defaults():
