@@ -8,6 +8,7 @@ Panels: train and val loss against tokens, learning rate, gradient norm, tokens/
 Needs matplotlib (pip install matplotlib).
 """
 import argparse
+import math
 import os
 import sys
 
@@ -33,11 +34,15 @@ def run_labels(out_dirs: list[str]) -> list[str]:
 
 
 def smooth(values: list[float], weight: float) -> list[float]:
-    """Exponential moving average, debiased like TensorBoard's, so early points are not pulled to zero."""
-    out, avg = [], 0.0
-    for i, v in enumerate(values, 1):
-        avg = weight * avg + (1 - weight) * v
-        out.append(avg / (1 - weight ** i) if weight > 0 else v)
+    """Exponential moving average, debiased like TensorBoard's, so early points are not pulled to zero. A
+    non-finite value (a skipped step's NaN) is a gap at its point and is left out of the average after it."""
+    out, avg, n = [], 0.0, 0
+    for v in values:
+        if not math.isfinite(v):
+            out.append(float("nan"))
+            continue
+        avg, n = weight * avg + (1 - weight) * v, n + 1
+        out.append(avg / (1 - weight ** n) if weight > 0 else v)
     return out
 
 
@@ -113,4 +118,6 @@ if __name__ == "__main__":
         plot_runs(args.out_dirs, out_path, args.smooth, args.logx)
     except (UserError, ImportError) as e:
         sys.exit(f"error: {e}")
+    except OSError as e:  # a metrics.csv this user may not read
+        sys.exit(f"error: cannot read {e.filename} ({e.strerror or e}): check its permissions")
     print(f"wrote {out_path}")

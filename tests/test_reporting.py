@@ -1,6 +1,7 @@
 """Seeing a run: plots, wandb that resumes, progress formats, samples, --help, run.json and summary.json."""
 import glob
 import json
+import math
 import os
 import struct
 
@@ -55,6 +56,8 @@ def test_plot_smoothing_is_debiased():
     from plot import smooth
     assert smooth([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])
     assert smooth([1.0, 3.0], 0.0) == [1.0, 3.0]
+    gapped = smooth([2.0, float("nan"), 2.0, float("inf"), 2.0], 0.9)  # a skipped step: a gap, not the rest
+    assert math.isnan(gapped[1]) and math.isnan(gapped[3]) and [gapped[i] for i in (0, 2, 4)] == pytest.approx([2.0] * 3)
 
 
 def test_plot_of_a_folder_without_metrics_is_an_error(tmp_path):
