@@ -130,19 +130,25 @@ def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
                     raise PrepareError(f"{path} is not UTF-8 text: convert it to UTF-8") from None
         else:
             try:
+                import pyarrow
                 import pyarrow.parquet as pq
             except ImportError:
                 raise PrepareError("reading .parquet needs pyarrow: pip install pyarrow") from None
-            parquet = pq.ParquetFile(path)
-            if text_field not in parquet.schema_arrow.names:
-                raise PrepareError(f"{path} has no column '{text_field}' (columns: {parquet.schema_arrow.names}); "
-                                   "set --text_field")
-            for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
-                for text in batch.column(0).to_pylist():
-                    if not isinstance(text, (str, type(None))):
-                        raise PrepareError(f"{path}: column '{text_field}' holds {type(text).__name__}, not strings")
-                    if text and text.strip():
-                        yield text
+            try:  # a shard cut short by a failed download is the likely case
+                parquet = pq.ParquetFile(path)
+                if text_field not in parquet.schema_arrow.names:
+                    raise PrepareError(f"{path} has no column '{text_field}' (columns: {parquet.schema_arrow.names}); "
+                                       "set --text_field")
+                for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
+                    for text in batch.column(0).to_pylist():
+                        if not isinstance(text, (str, type(None))):
+                            raise PrepareError(f"{path}: column '{text_field}' holds {type(text).__name__}, not "
+                                               "strings")
+                        if text and text.strip():
+                            yield text
+            except (pyarrow.ArrowException, OSError) as e:
+                raise PrepareError(f"{path} is not a readable parquet file ({str(e).splitlines()[0][:200]}): download "
+                                   "it again, or leave it out of --input") from None
 
 
 def jsonl_text(line: str, text_field: str, where: str) -> str:
