@@ -30,6 +30,7 @@ import glob
 import itertools
 import os
 import random
+import re
 import shlex
 import signal
 import statistics
@@ -595,13 +596,24 @@ if __name__ == "__main__":
     first = configurator.configure({**config_defaults, "init_from": "scratch"}, sys.argv[1:], __file__,
                                    ignored=tuple(k for k in TRAINING_ONLY if k != "init_from"), check=False)
     starts = first.pop("init_from")  # a finetune config's model, which bench does not load
-    if starts not in ("scratch", "resume"):
+    if starts != "scratch":  # out_dir's checkpoint (resume) included
         print(f"note: init_from={starts!r} is not loaded: bench times a model of random weights with the shape of "
               "its model keys (set n_layer, n_head, n_embd, vocab_size, bias, ... to that model's)")
     device = resolve_device(first["device"])
     on_cpu = check_device(device) == "cpu" and first["mode"] == "train"
-    config = configurator.configure({**config_defaults, **CPU_MODEL} if on_cpu else config_defaults, sys.argv[1:],
-                                    __file__, ignored=TRAINING_ONLY)
+    try:
+        config = configurator.configure({**config_defaults, **CPU_MODEL} if on_cpu else config_defaults, sys.argv[1:],
+                                        __file__, ignored=TRAINING_ONLY)
+    except UserError as e:  # a rule may meet a CPU default the user never typed: --n_head=6 with n_embd=128
+        unset = [k for k in CPU_MODEL if first[k] == config_defaults[k] and re.search(rf"\b{k}=", str(e))]
+        raise UserError(f"{e}" + (f" ({', '.join(f'{k}={CPU_MODEL[k]}' for k in unset)}: bench's CPU default, as it "
+                                  "was not given: give it too)" if on_cpu and unset else "")) from None
+    if config["profile"]:  # the trace is written after the timing: a folder that cannot be made fails now, not then
+        try:
+            os.makedirs("bench_trace", exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot make bench_trace/ here for the profiler trace ({e.strerror or e}): run bench.py "
+                            "from a writable folder") from None
     config["device"] = device
     shrunk = {k: config[k] for k in CPU_MODEL if config[k] != first[k]}
     if shrunk:

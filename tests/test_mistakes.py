@@ -433,6 +433,11 @@ CASES = [
          r"^error: prepare.py stopped: --gpt2_tiktoken .*nope.tiktoken is not a file$",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "c.txt"), "some text\n\nmore text")),
     Case("bench n_embd%n_head", "bench.py", ["--device=cpu", "--n_head=5", "--n_embd=768"], r"n_embd=768 is not valid"),
+    Case("bench profile where no trace folder can be made", "bench.py", ["--device=cpu", "--profile=True"],
+         r"cannot make bench_trace/ here for the profiler trace \(File exists\): run bench.py from a writable folder",
+         setup=lambda tmp, run, data: write(os.path.join(tmp, "bench_trace"), "a file")),
+    Case("bench n_head against the CPU's n_embd", "bench.py", ["--device=cpu", "--n_head=6"],
+         r"n_embd=128 is not valid: .* \(n_embd=128: bench's CPU default, as it was not given: give it too\)"),
 ]
 
 

@@ -228,6 +228,9 @@ def test_bench_says_that_a_finetune_config_s_model_is_not_loaded(tmp_path):
                         "--num_steps=1", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("note: init_from='gpt2-xl' is not loaded: bench times a model of random weights")
+    resumed = run_script("bench.py", "--init_from=resume", "--device=cpu", "--compile=False", "--n_layer=1",
+                         "--warmup_steps=0", "--num_steps=1", cwd=str(tmp_path))  # out_dir's run: not loaded either
+    assert resumed.stdout.startswith("note: init_from='resume' is not loaded"), resumed.stderr
 
 
 def test_bench_on_a_cpu_shrinks_only_the_model_keys_no_file_or_flag_set(tmp_path):
