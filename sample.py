@@ -41,7 +41,7 @@ def read_prompt(start: str) -> str:
         return start
     path = start[len("FILE:"):]
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is no part of the prompt
             return f.read()
     except FileNotFoundError:
         raise UserError(f"start={start!r}: prompt file {path} not found") from None

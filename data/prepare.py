@@ -91,6 +91,10 @@ def read_chunks(path: str, chunk_bytes: int = TXT_PIECE_CHARS) -> Iterator[str]:
     decoder = codecs.getincrementaldecoder("utf-8")()
     done, held = 0, ""  # bytes read before this chunk; a last "\r" whose "\n" may start the next chunk
     with open(path, "rb") as f:
+        if f.read(len(codecs.BOM_UTF8)) == codecs.BOM_UTF8:  # a byte-order mark, as some editors write: no text
+            done = len(codecs.BOM_UTF8)
+        else:
+            f.seek(0)
         while True:
             raw = f.read(chunk_bytes)
             pending = len(decoder.getstate()[0])  # bytes of a character cut off at the end of the last chunk

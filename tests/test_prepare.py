@@ -181,6 +181,15 @@ def test_a_byte_order_mark_starts_a_jsonl_file_without_becoming_text(tmp_path):
     assert list(prepare.iter_documents([str(path)])) == ["hello", "world"]
 
 
+def test_a_byte_order_mark_starts_a_text_file_without_becoming_a_character(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"\xef\xbb\xbfab\r\ncd")
+    assert prepare.read_text(str(path)) == "".join(prepare.read_chunks(str(path), 2)) == "ab\ncd"
+    path.write_bytes(b"\xef\xbb\xbfab\xffcd")
+    with pytest.raises(prepare.PrepareError, match=r"byte 5 is 0xff"):  # counted in the file, the mark included
+        prepare.read_text(str(path))
+
+
 def test_an_input_that_cannot_be_read_is_named_as_such_and_the_dataset_stays(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("some words here")

@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from conftest import (ROOT, char_vocab_size, gpt2_rank_file, read_metrics, run_script, shakespeare, step_losses,
-                      tiny_args)
+from conftest import (ROOT, char_vocab_size, gpt2_rank_file, load_module, read_metrics, run_script, shakespeare,
+                      step_losses, tiny_args)
 
 pytestmark = pytest.mark.slow  # each test runs the scripts end to end
 
@@ -185,6 +185,11 @@ def test_wandb_offline_run_is_written(char_data, tmp_path):
     assert b"tiny-proj-7" in record and b"tiny-run-9" in record
     checkpoint = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
     assert checkpoint["wandb_run_id"] == run_id
+
+
+def test_a_prompt_file_s_byte_order_mark_is_no_part_of_the_prompt(tmp_path):
+    (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfROMEO:")  # as Notepad saves UTF-8
+    assert load_module("sample.py").read_prompt(f"FILE:{tmp_path / 'p.txt'}") == "ROMEO:"
 
 
 def test_sample_decodes_characters_from_a_checkpoint(char_data, tmp_path):
