@@ -45,6 +45,7 @@ LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 
 class Suite:
     def __init__(self, out: str, work: str, budget: float):
         self.out, self.work, self.rows, self.jobs = out, work, [], []
+        self.starting, self.terminated = False, False
         self.deadline = time.time() + budget
         os.makedirs(out, exist_ok=True)
         os.makedirs(os.path.join(work, "logs"), exist_ok=True)
@@ -60,10 +61,25 @@ class Suite:
         f.flush()
         # a process group of its own, to stop it with all it started; not a session of its own, which a borrowed
         # machine would leave running after the suite's command is killed, on the GPU that the next call times
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True, process_group=0,
-                                env={**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})})
-        self.jobs.append(proc)
+        self.starting = True  # a SIGTERM now waits till the job is listed, or stop_all would miss it
+        try:
+            proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True, process_group=0,
+                                    env={**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})})
+            self.jobs.append(proc)
+        finally:
+            self.starting = False
+        if self.terminated:
+            sys.exit(143)
         return {"name": name, "proc": proc, "log": log, "file": f, "t0": time.time()}
+
+    def on_sigterm(self, *_):
+        """A SIGTERM (a borrowed machine's time limit) ends the suite by its finally, which stops every job; a
+        second one is ignored, so that the stopping is not cut short."""
+        if self.terminated:
+            return
+        self.terminated = True
+        if not self.starting:
+            sys.exit(143)
 
     def wait(self, job: dict, timeout: float) -> tuple[int, str]:
         """Wait for a started job; past timeout (or the budget's end) stop it and every process it started:
@@ -489,8 +505,8 @@ if __name__ == "__main__":
         sys.exit("error: the checks need tiny Shakespeare and data/shakespeare_char/input.txt is not here: carry it "
                  "to this machine, or give --char_text=PATH or --char_data=DIR")
     args.char_iters = args.char_iters or (2000 if ON_GPU else 20)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a SIGTERM ends the suite by its finally: jobs stopped
     suite = Suite(args.out, args.work, args.budget)
+    signal.signal(signal.SIGTERM, suite.on_sigterm)
     left_out = []  # steps not started, or stopped at the budget's end: the next call's --only
     try:
         for name in (s for s in STEPS if s in chosen):
