@@ -72,6 +72,17 @@ def parse_value(raw: str, default):
     return value
 
 
+def run_statements(body: list):
+    """The statements of a file that run when it is loaded: those of its blocks (if, for, with, try, match), not
+    of the functions and classes it defines."""
+    for node in body:
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for block in [getattr(node, field, []) for field in ("body", "orelse", "finalbody")] + \
+                    [part.body for part in getattr(node, "handlers", []) + getattr(node, "cases", [])]:
+                yield from run_statements(block)
+
+
 def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | None = None) -> dict:
     """Run a config file with the current settings (config) in scope and return the settings it changed, typed
     as `defaults` (None: config itself); keys in `ignored` are accepted and dropped, keys in `autos` may be 'auto'."""
@@ -96,9 +107,11 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         code = compile(tree, path, "exec")
     except SyntaxError as e:
         raise UserError(f"config file '{path}' line {e.lineno}: syntax error: {e.msg}") from None
-    for node in ast.walk(tree):  # `batch_size: 4` and `batch_size == 4` are Python too, and set nothing
-        if (isinstance(node, ast.AnnAssign) and node.value is None) or (isinstance(node, ast.Expr) and not isinstance(
-                node.value, (ast.Call, ast.Constant, ast.Await, ast.Yield, ast.YieldFrom))):
+    for node in run_statements(tree.body):  # `batch_size: 4` and `batch_size == 4` are Python too, and set nothing
+        if (isinstance(node, ast.AnnAssign) and node.value is None) or (isinstance(node, ast.Expr) and not (
+                isinstance(node.value, (ast.Constant, ast.JoinedStr))
+                or any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom))
+                       for n in ast.walk(node.value)))):
             raise UserError(f"config file '{path}' line {node.lineno}: {ast.get_source_segment(source, node)!r} "
                             "sets nothing: a setting is `key = value`")
     scope = dict(config)

@@ -103,6 +103,18 @@ def test_a_config_file_that_would_set_nothing_is_refused(tmp_path, name, text, p
         configure(DEFAULTS, [str(tmp_path / name)])
 
 
+def test_a_config_file_s_expressions_that_do_something_are_accepted(tmp_path):
+    path = tmp_path / "c.py"
+    path.write_text("(batch_size := 4)\nprint('a') if batch_size else print('b')\nf'{batch_size}'\n"
+                    "def helper(x):\n    x\n    n: int\n    return x\n"
+                    "if batch_size:\n    learning_rate = helper(1e-3)\n")
+    config = configure(DEFAULTS, [str(path)])
+    assert config["batch_size"] == 4 and config["learning_rate"] == 1e-3
+    path.write_text("if True:\n    pass\nelse:\n    batch_size: 3\n")  # in a block that runs when the file loads
+    with pytest.raises(UserError, match=r"line 4: 'batch_size: 3' sets nothing"):
+        configure(DEFAULTS, [str(path)])
+
+
 def test_a_config_file_may_start_with_a_byte_order_mark_and_call_print_and_set_numpy_floats(tmp_path):
     path = tmp_path / "c.py"
     path.write_bytes(b"\xef\xbb\xbf" + b'"""a docstring"""\nimport numpy as np\nprint("hi")\nlearning_rate = np.float64(1e-3)\n')
