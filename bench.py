@@ -605,12 +605,15 @@ if __name__ == "__main__":
         config = configurator.configure({**config_defaults, **CPU_MODEL} if on_cpu else config_defaults, sys.argv[1:],
                                         __file__, ignored=TRAINING_ONLY)
     except UserError as e:  # a rule may meet a CPU default the user never typed: --n_head=6 with n_embd=128
-        unset = [k for k in CPU_MODEL if first[k] == config_defaults[k] and re.search(rf"\b{k}=", str(e))]
+        cpu_read = configurator.configure({**config_defaults, **CPU_MODEL}, sys.argv[1:], None,
+                                          ignored=TRAINING_ONLY, check=False)  # a key that reads otherwise: not given
+        unset = [k for k in CPU_MODEL if cpu_read[k] != first[k] and re.search(rf"\b{k}=", str(e))]
         raise UserError(f"{e}" + (f" ({', '.join(f'{k}={CPU_MODEL[k]}' for k in unset)}: bench's CPU default, as it "
                                   "was not given: give it too)" if on_cpu and unset else "")) from None
     if config["profile"]:  # the trace is written after the timing: a folder that cannot be made fails now, not then
         try:
             os.makedirs("bench_trace", exist_ok=True)
+            tempfile.TemporaryFile(dir="bench_trace").close()  # and it can be written in
         except OSError as e:
             raise UserError(f"cannot make bench_trace/ here for the profiler trace ({e.strerror or e}): run bench.py "
                             "from a writable folder") from None
