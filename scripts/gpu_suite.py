@@ -520,6 +520,7 @@ if __name__ == "__main__":
             if suite.left() <= 0:
                 left_out.append(name)
     finally:
+        suite.terminated = True  # a SIGTERM from here on must not cut the stopping short
         suite.stop_all()
     if left_out:
         print(f"not run for lack of time: next, python scripts/gpu_suite.py --out=DIR --only={','.join(left_out)}")
