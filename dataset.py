@@ -187,6 +187,9 @@ def open_token_file(path: str, fresh: bool = False):
     return OPEN_FILES[path]
 
 
+FILES_BESIDE = 64  # open files a run needs beside its token files: the read-ahead threads' maps, logs, libraries
+
+
 def make_room_for_files(n_files: int):
     """Raise this process's open-file limit (as far as its hard limit allows) so that n_files token files can stay
     open beside what else it opens: 1024 by default on many systems, which a dataset of many shards passes."""
@@ -198,6 +201,10 @@ def make_room_for_files(n_files: int):
     want = n_files + 256
     if soft != resource.RLIM_INFINITY and soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+    if hard != resource.RLIM_INFINITY and hard < n_files + FILES_BESIDE:  # said now, not mid-run as a traceback
+        raise UserError(f"the dataset's {n_files} token files stay open, beside about {FILES_BESIDE} more files of "
+                        f"the run, but the open-file limit (ulimit -n) allows {hard}: raise it, or prepare the "
+                        "dataset with a larger --shard_tokens")
 
 
 def count_tokens(path: str, dtype) -> int:
