@@ -336,22 +336,27 @@ def repair_published(out_dir: str, checkpoint: dict) -> list[str]:
     return (["best.pt"] if best_stale else []) + ([kept_name(iter_num)] if kept_missing else [])
 
 
+def best_header(out_dir: str, path: str, checkpoint: dict) -> dict | None:
+    """out_dir/best.pt's state, for comparing with the checkpoint at path (read as checkpoint): None when it is
+    missing, unreadable or no checkpoint; the checkpoint itself when best.pt is a hard link to path (not read
+    again); else best.pt read mapped, so only its small header is read."""
+    best_path = os.path.join(out_dir, "best.pt")
+    if not os.path.isfile(best_path):
+        return None
+    if os.path.samefile(best_path, path):
+        return checkpoint
+    try:
+        best = read_file(best_path)
+    except UserError:
+        return None
+    return best if isinstance(best, dict) else None
+
+
 def best_lags(out_dir: str, checkpoint: dict) -> bool:
     """Whether out_dir/best.pt lags ckpt.pt (read as checkpoint): missing or unreadable, or with a worse val loss
-    than ckpt.pt's best (from an earlier step, or from the steps a run went back from: either way superseded).
-    Read mapped, so only its small header is read; a hard link to ckpt.pt is not read."""
-    path = os.path.join(out_dir, "best.pt")
-    if not os.path.isfile(path):
-        return True
-    if os.path.samefile(path, os.path.join(out_dir, "ckpt.pt")):
-        return False
-    try:
-        best = read_file(path)
-    except UserError:
-        return True
-    if not isinstance(best, dict):
-        return True
-    return best.get("best_val_loss", float("inf")) > checkpoint["best_val_loss"]
+    than ckpt.pt's best (from an earlier step, or from the steps a run went back from: either way superseded)."""
+    best = best_header(out_dir, os.path.join(out_dir, "ckpt.pt"), checkpoint)
+    return best is None or best.get("best_val_loss", float("inf")) > checkpoint["best_val_loss"]
 
 
 def check_no_later_steps(out_dir: str, path: str, iter_num: int):
@@ -377,15 +382,9 @@ def check_no_later_steps(out_dir: str, path: str, iter_num: int):
 def better_best(out_dir: str, checkpoint: dict, path: str) -> tuple[float, int] | None:
     """(best_val_loss, best_iter) of out_dir/best.pt when it is better than the best that the checkpoint resumed
     (read from path as checkpoint) knows: the run goes back to an earlier step, and best.pt, from the steps after
-    it, must stay best.pt until an evaluation beats it. None otherwise. Read mapped: only its header is read."""
-    best_path = os.path.join(out_dir, "best.pt")
-    if not os.path.isfile(best_path) or os.path.samefile(best_path, path):
-        return None
-    try:
-        best = read_file(best_path)
-    except UserError:
-        return None
-    if not isinstance(best, dict) or not best.get("best_val_loss", float("inf")) < checkpoint["best_val_loss"]:
+    it, must stay best.pt until an evaluation beats it. None otherwise."""
+    best = best_header(out_dir, path, checkpoint)
+    if best is None or not best.get("best_val_loss", float("inf")) < checkpoint["best_val_loss"]:
         return None
     return float(best["best_val_loss"]), best.get("best_iter")
 
