@@ -49,8 +49,8 @@ def hf_config(config: GPTConfig, special_tokens: dict):
         return tf.GPT2Config(vocab_size=config.vocab_size, n_positions=config.block_size, n_embd=config.n_embd,
                              n_layer=config.n_layer, n_head=config.n_head, n_inner=config.hidden,
                              activation_function="gelu_new", layer_norm_epsilon=EPS, resid_pdrop=0.0,
-                             embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=config.tie_embeddings, nanogpt_bias=config.bias,
-                             **special_tokens)
+                             embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=config.tie_embeddings,
+                             nanogpt_bias=config.bias, **special_tokens)
     return tf.LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.hidden,
                           num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
                           num_key_value_heads=config.kv_heads, head_dim=config.n_embd // config.n_head,

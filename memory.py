@@ -97,8 +97,9 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
     copies), and the root's (embeddings, final norm, head): FSDP2 gathers those for the whole forward and
     backward, and in training holds their whole gradient from the head's backward to the end. But with
     fsdp_reduce='step' and micro_steps > 1 (this process's micro-steps per step) train.py reduce-scatters only
-    on the last, so until then it holds every gradient whole and every block's weights gathered. training=False plans an eval_only run instead: forward passes under no_grad, with nothing saved
-    for backward (eval_activations). In 16 bits (not under FSDP) autocast keeps a 16-bit copy of every
+    on the last, so until then it holds every gradient whole and every block's weights gathered.
+    training=False plans an eval_only run instead: forward passes under no_grad, with nothing saved for
+    backward (eval_activations). In 16 bits (not under FSDP) autocast keeps a 16-bit copy of every
     matmul's weight until its forward pass ends (its cache; and autograd saves them for backward):
     'weight_copies'."""
     config = model.config

@@ -63,8 +63,9 @@ class Suite:
         # machine would leave running after the suite's command is killed, on the GPU that the next call times
         self.starting = True  # a SIGTERM now waits till the job is listed, or stop_all would miss it
         try:
+            env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})}
             proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True, process_group=0,
-                                    env={**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})})
+                                    env=env)
             self.jobs.append(proc)
         finally:
             self.starting = False
