@@ -279,9 +279,9 @@ def gpt_config(cfg: dict) -> GPTConfig:
     return GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS})
 
 
-def auto_batch(cfg: dict) -> int:
+def auto_batch(cfg: dict, compiled: bool) -> int:
     """batch_size='auto' as train.py takes it for one process: the largest power-of-two micro-batch whose memory
-    plan fits in memory.AUTO_SHARE of the device's free memory."""
+    plan fits in memory.AUTO_SHARE of the device's free memory. compiled: whether the step runs compiled."""
     from common import resolve_dtype
     from memory import free_bytes, largest_batch
     device_type = check_device(cfg["device"])
@@ -289,7 +289,8 @@ def auto_batch(cfg: dict) -> int:
         model = GPT(gpt_config(cfg))
     free = free_bytes(cfg["device"])
     settings = dict(dtype=resolve_dtype(cfg["dtype"], device_type), optimizer=cfg["optimizer"], world_size=1,
-                    parallelism="ddp", activation_checkpointing=cfg["activation_checkpointing"], device_type=device_type)
+                    parallelism="ddp", activation_checkpointing=cfg["activation_checkpointing"], device_type=device_type,
+                    compiled=compiled)
     batch = largest_batch(model, settings, free) if free is not None else None
     if batch is None:
         raise UserError("batch_size='auto' found no micro-batch that fits" + ("" if free is None else
@@ -320,8 +321,12 @@ def build(cfg: dict) -> dict:
 
     if cfg["compile"]:
         check_compile_mode(cfg["compile_mode"], cfg["gradient_accumulation_steps"], torch.device(cfg["device"]).type)
+    check_device(cfg["device"])  # before the test compile, which needs the device
+    problem = compile_problem(cfg["device"]) if cfg["compile"] else None  # before the plan: a compiled loss holds less
+    if problem:
+        print(f"warning: compile=True but {problem}: timing without torch.compile", file=sys.stderr)
     if cfg["batch_size"] == "auto":
-        cfg = {**cfg, "batch_size": auto_batch(cfg)}
+        cfg = {**cfg, "batch_size": auto_batch(cfg, cfg["compile"] and not problem)}
         print(f"batch_size auto: {cfg['batch_size']} sequences per micro-step")
     device = cfg["device"]
     device_type, dtype, ctx, model = model_of(cfg)
@@ -358,9 +363,6 @@ def build(cfg: dict) -> dict:
                                 (cfg["beta1"], cfg["beta2"]), cfg["muon_lr"], cfg["muon_momentum"], device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
     on_device = not cfg["sync_every_step"] and skips_on_device(optimizer)
-    problem = compile_problem(device) if cfg["compile"] else None
-    if problem:
-        print(f"warning: compile=True but {problem}: timing without torch.compile", file=sys.stderr)
     how = None if cfg["compile_mode"] == "default" else cfg["compile_mode"]
     # static shapes: a second config with another batch in this process must not turn the first one's graph dynamic
     train_model = torch.compile(model, mode=how, dynamic=False) if cfg["compile"] and not problem else model
@@ -383,7 +385,7 @@ def build(cfg: dict) -> dict:
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
           f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}, fp8 {cfg['fp8']}")
     return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype,
-            "batch_size": B, "cold_files": cold_files, "wait_reads": wait_reads}
+            "batch_size": B, "cold_files": cold_files, "wait_reads": wait_reads, "compiled": cfg["compile"] and not problem}
 
 
 def bench_generate(cfg: dict):
@@ -662,7 +664,7 @@ if __name__ == "__main__":
         if run["device_type"] == "cuda":  # beside memory.py's plan for the same step, which train.py checks runs against
             from memory import plan
             planned = plan(run["model"], run["batch_size"], run["dtype"], optimizer, 1, "ddp", activation_checkpointing,
-                           "cuda")
+                           "cuda", compiled=run["compiled"])
             memory_text = (f", peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB (planned "
                            f"{planned['total'] / 2**30:.2f} GiB)")
         print(f"{figures(run, dt, device)}{mfu_text}{memory_text}; final loss {loss.item():.4f}")

@@ -24,6 +24,11 @@ from model import GPT, GPTConfig, LayerNorm, RMSNorm
 
 GIB = 2 ** 30
 ADAM_STATES = 2  # exp_avg and exp_avg_sq per parameter; Muon keeps one momentum buffer for its matrices
+# Bytes per logit that the loss holds at once in backward, outside a compiled 16-bit run: the saved log-softmax,
+# its gradient and the logits' gradient, each fp32 (autocast computes the loss in fp32). Measured at 12.7, fp32
+# and bf16 alike, at vocab 50304 on a CPU (tests/test_memory.py). Inductor's fused loss in bf16 holds less (the
+# H100 figures in the same file); compiled in fp32 on a CPU it held as much.
+LOSS_BACKWARD = 12
 
 
 class FlashAttentionSaves(torch.autograd.Function):
@@ -88,7 +93,7 @@ def saved_bytes(config: GPTConfig, batch_size: int, dtype: torch.dtype, fused_at
 
 def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: int, parallelism: str,
          activation_checkpointing: bool, device_type: str, micro_steps: int = 1, fsdp_reduce: str = "micro_step",
-         training: bool = True) -> dict:
+         training: bool = True, compiled: bool = False) -> dict:
     """Bytes per device: weights, gradients, DDP's gradient buckets, optimizer state and activations of one
     micro-batch (with checkpointing: each block's input, plus one block's full activations while it is
     recomputed), and their total. Weights, gradients and optimizer state are fp32 whatever dtype is: autocast
@@ -101,7 +106,8 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
     training=False plans an eval_only run instead: forward passes under no_grad, with nothing saved for
     backward (eval_activations). In 16 bits (not under FSDP) autocast keeps a 16-bit copy of every
     matmul's weight until its forward pass ends (its cache; and autograd saves them for backward):
-    'weight_copies'."""
+    'weight_copies'. compiled: whether the model runs under torch.compile, whose fused loss holds less in
+    backward in 16 bits (see LOSS_BACKWARD)."""
     config = model.config
     n_params = sum(p.numel() for p in model.parameters())
     fp = getattr(torch, dtype)
@@ -120,17 +126,22 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
     (one, largest), (two, _) = (saved_bytes(dataclasses.replace(config, n_layer=n), batch_size, fp, fused)
                                 for n in (1, 2))
     per_block, rest = two - one, 2 * one - two
+    logits = batch_size * config.block_size * config.vocab_size
     # backward holds gradients beside the activations it frees: about the largest activation's worth at a
     # time, twice that while a checkpointed block is recomputed (measured within 10% on a CPU, tests/test_memory.py)
     if activation_checkpointing:
         block_input = batch_size * config.block_size * config.n_embd * 4  # the residual stream stays fp32
-        activations = rest + config.n_layer * block_input + per_block + 2 * largest
+        held, backward = rest + config.n_layer * block_input, per_block + 2 * largest
     else:
-        activations = rest + config.n_layer * per_block + largest
+        held, backward = rest + config.n_layer * per_block, largest
     if config.loss_chunk:  # the chunked loss's logits exist a chunk at a time, with their gradient in backward
-        activations += 2 * min(config.loss_chunk, batch_size * config.block_size) * config.vocab_size * 4
-    elif fp.itemsize == 2:  # autocast (CUDA's and the CPU's) keeps the log-softmax in fp32, not 16 bits
-        activations += batch_size * config.block_size * config.vocab_size * 2
+        held += 2 * min(config.loss_chunk, batch_size * config.block_size) * config.vocab_size * 4
+    else:
+        if fp.itemsize == 2:  # autocast (CUDA's and the CPU's) keeps the log-softmax in fp32, not 16 bits
+            held += logits * 2
+        if not (compiled and fp.itemsize == 2):  # the loss's backward: its two gradients beside the log-softmax
+            backward = max(backward, logits * (LOSS_BACKWARD - 4))
+    activations = held + backward
     if optimizer == "muon":
         matrices = sum(p.numel() for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2)
         state = 4 * (matrices + ADAM_STATES * (n_params - matrices))

@@ -422,10 +422,14 @@ if __name__ == "__main__":
     if hellaswag_interval:
         hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])
         check_encodable(*hellaswag)
+    problem = compile_problem(device) if compile else None  # before the plan: a compiled loss holds less
+    if problem:
+        print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
     # the memory plan: what training will hold per device, checked against what is free before anything is big
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type,
-                   micro_steps=accum_steps, fsdp_reduce=fsdp_reduce, training=not eval_only)
+                   micro_steps=accum_steps, fsdp_reduce=fsdp_reduce, training=not eval_only,
+                   compiled=compile and not problem)
     free = free_bytes(device, node_processes)
     if batch_size == "auto":
         batch_size = largest_batch(model, planned, free) if free is not None else None
@@ -494,10 +498,7 @@ if __name__ == "__main__":
 
     # ---- compile and DDP wrap
     raw_model = model  # what gets saved: no _orig_mod. or module. prefixes
-    problem = compile_problem(device) if compile else None
-    if problem:
-        print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
-    elif compile:
+    if compile and not problem:
         report.print(f"compiling the model (mode {compile_mode})...")
         model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     eval_model = model

@@ -15,6 +15,7 @@ GPT2 = dict()
 LLAMA = dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2)
 SHAPE = dict(n_layer=6, n_head=4, n_embd=256, block_size=512, vocab_size=65)  # activations dominate: 16 x 512 tokens
 WEIGHTY = dict(n_layer=8, n_head=8, n_embd=512, block_size=64)  # weights dominate: 25M parameters, 16 x 64 tokens
+GPT2_VOCAB = dict(n_layer=2, n_head=4, n_embd=128, block_size=256, vocab_size=50304)  # the loss dominates: 8 x 256 tokens
 
 
 def really_saved(model, idx) -> int:
@@ -53,30 +54,36 @@ from memory import plan
 def status(key):  # kB figures of this address space: VmRSS now, VmHWM its peak (ru_maxrss would carry the parent's over exec)
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
 torch.set_num_threads(2)
-x = torch.randint(65, (16, 512))
+config = GPTConfig(**{config!r})
+x = torch.randint(config.vocab_size, ({batch}, config.block_size))
 base = status("VmRSS")
-model = GPT(GPTConfig(**{config!r}))
+model = GPT(config)
 optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
 for _ in range(2):  # the second step runs with the optimizer state in place
-    _, loss = model(x, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled={dtype!r} == "bfloat16"):
+        loss = model(x, x)[1]  # as train.py: the logits are not held through backward
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 peak = status("VmHWM") - base
-print(plan(model, 16, "float32", "adamw", 1, "ddp", model.config.activation_checkpointing, "cpu")["total"] / peak)
+print(plan(model, {batch}, {dtype!r}, "adamw", 1, "ddp", config.activation_checkpointing, "cpu")["total"] / peak)
 """
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the process's memory from Linux's /proc")
-@pytest.mark.parametrize("arch,checkpointing", [(GPT2, False), (LLAMA, True)], ids=["gpt2", "llama-checkpointed"])
-def test_the_plan_is_within_20_percent_of_the_measured_peak(arch, checkpointing):
-    config = dict(SHAPE, **arch, activation_checkpointing=checkpointing)
+@pytest.mark.parametrize("config,batch,dtype", [
+    (SHAPE, 16, "float32"), (dict(SHAPE, **LLAMA, activation_checkpointing=True), 16, "float32"),
+    (GPT2_VOCAB, 8, "float32"), (GPT2_VOCAB, 8, "bfloat16")],
+    ids=["gpt2", "llama-checkpointed", "gpt2-vocab-fp32", "gpt2-vocab-bf16"])
+def test_the_plan_is_within_20_percent_of_the_measured_peak(config, batch, dtype):
+    """At GPT-2's vocabulary the peak is the loss's backward, which uncompiled holds 12 bytes per logit in fp32 and
+    bf16 alike (memory.LOSS_BACKWARD); counting only what the forward pass saves, the plan was 0.52 of the peak."""
     # glibc keeps freed blocks below its mmap threshold mapped; a low threshold makes the peak RSS the peak of
     # live memory, which is what the plan is of
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "2"}
-    out = subprocess.run([sys.executable, "-c", MEASURE.format(root=ROOT, config=config)], env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", MEASURE.format(root=ROOT, config=config, batch=batch, dtype=dtype)],
+                         env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert 0.8 < float(out.stdout) < 1.2
 
@@ -234,7 +241,7 @@ def test_the_bf16_plan_of_gpt2_on_cuda_meets_the_peaks_measured_on_an_h100():
     with torch.device("meta"):
         model = GPT(GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768, bias=False))
     settings = dict(dtype="bfloat16", optimizer="adamw", world_size=1, parallelism="ddp",
-                    activation_checkpointing=False, device_type="cuda")
+                    activation_checkpointing=False, device_type="cuda", compiled=True)
     for batch, measured in ((12, 9.1), (32, 21.3), (64, 40.8)):
         assert 1.0 <= plan(model, **settings, batch_size=batch)["total"] / 2**30 / measured < 1.08, batch
     assert largest_batch(model, settings, int(78.5 * 2**30)) == 64  # an idle H100's free memory
