@@ -6,10 +6,12 @@ cached here for the scripts that take no such setting; a copy cached here before
 download; the whisper/assets/gpt2.tiktoken file inside the openai-whisper source package on the Python package
 index (downloaded, never installed). The cached copy comes before any network, so a machine that has it never
 waits on a download host it cannot reach. Every rank file is checked against GPT-2's sha256, so each route gives
-the same ids.
+the same ids, and only a checked one is cached: a damaged cached copy (a torn write, a full disk) is passed over
+and replaced by the next route that works.
 """
+import contextlib
+import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -28,6 +30,27 @@ def cache_path() -> str:
     """Where a verified copy of the rank file is kept between runs."""
     root = os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
     return os.path.join(root, "nanogpt", "gpt2.tiktoken")
+
+
+def is_gpt2_ranks(path: str) -> bool:
+    """Whether path is a readable file with the sha256 of GPT-2's rank file."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() == GPT2_SHA256
+    except OSError:
+        return False
+
+
+def cache_ranks(src, dest: str):
+    """Write the bytes read from the file object src to dest (atomically, so other ranks see all or nothing), if
+    they are GPT-2's rank file; a UserError otherwise, with dest left as it was."""
+    data = src.read()
+    if hashlib.sha256(data).hexdigest() != GPT2_SHA256:
+        raise UserError(f"the rank file to be cached at {dest} is not GPT-2's (its sha256 is not "
+                        f"{GPT2_SHA256[:12]}...)")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with atomic_write(dest, "wb", shared=True) as out:
+        out.write(data)
 
 
 def encoding_from_ranks(path: str) -> tiktoken.Encoding:
@@ -56,9 +79,8 @@ def fetch_from_whisper_sdist(dest: str):
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(download_sdist(WHISPER_SDIST, tmp)) as tar:
             member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with tar.extractfile(member) as src, atomic_write(dest, "wb", shared=True) as out:
-                shutil.copyfileobj(src, out)
+            with tar.extractfile(member) as src:
+                cache_ranks(src, dest)
 
 
 def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
@@ -69,22 +91,27 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
         if not os.path.isfile(rank_file):
             raise UserError(f"GPT-2 rank file {rank_file} not found: give the path of gpt2.tiktoken")
         encoding = encoding_from_ranks(rank_file)
-        if not os.path.isfile(cached):  # verified: kept for train.py's samples and sample.py, which take no path
+        if not is_gpt2_ranks(cached):  # kept (or a damaged copy replaced) for the scripts that take no path
             try:
-                os.makedirs(os.path.dirname(cached), exist_ok=True)
-                with open(rank_file, "rb") as src, atomic_write(cached, "wb", shared=True) as out:
-                    shutil.copyfileobj(src, out)
+                with open(rank_file, "rb") as src:
+                    cache_ranks(src, cached)
             except OSError:  # a read-only home: the file given still serves this run
                 pass
         return encoding
-    if os.path.isfile(cached):
+    if is_gpt2_ranks(cached):
         return encoding_from_ranks(cached)
     failures = []
+    if os.path.isfile(cached):  # not GPT-2's: a torn copy, removed so that the route below that works replaces it
+        print(f"warning: the cached {cached} is not GPT-2's rank file (damaged?): removed, fetching it again",
+              file=sys.stderr)
+        failures.append(f"the cached {cached} was damaged")
+        with contextlib.suppress(OSError):  # another rank may have removed it first; or a read-only cache
+            os.remove(cached)
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # tiktoken raises whatever its HTTP client raises when offline
         failures.append(f"tiktoken download: {e.__class__.__name__}")
-    if not os.path.isfile(cached):  # not there above, but another rank may have fetched it while tiktoken failed
+    if not is_gpt2_ranks(cached):  # not there above, but another rank may have fetched it while tiktoken failed
         try:
             fetch_from_whisper_sdist(cached)
             print(f"GPT-2 rank file taken from the {WHISPER_SDIST} sdist on the package index, cached at {cached}",

@@ -66,8 +66,8 @@ def gpt2_rank_file() -> str:
     path = os.path.join(SHARED_DATA, "gpt2.tiktoken")
     if os.path.isfile(path):
         return path
-    from tokenizer import cache_path, fetch_from_whisper_sdist
-    if not os.path.isfile(cache_path()):
+    from tokenizer import cache_path, fetch_from_whisper_sdist, is_gpt2_ranks
+    if not is_gpt2_ranks(cache_path()):
         fetch_from_whisper_sdist(cache_path())
     return cache_path()
 

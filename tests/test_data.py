@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import gpt2_rank_file, load_module, shakespeare
+from common import UserError
 from tokenizer import encoding_from_ranks, gpt2_encoding
 
 
@@ -98,6 +99,50 @@ def test_a_rank_file_given_once_is_cached_for_the_scripts_that_take_none(tmp_pat
     gpt2_encoding(gpt2_rank_file())  # as data/prepare.py --gpt2_tiktoken does
     with open(tokenizer.cache_path(), "rb") as cached, open(gpt2_rank_file(), "rb") as given:
         assert cached.read() == given.read()
+
+
+def test_a_damaged_cached_rank_file_is_replaced_by_a_good_one(tmp_path, monkeypatch):
+    """A torn copy in the cache (a full disk, a kill mid-copy) is replaced by the next good rank file given, not
+    kept for the scripts that take no path to fail on every time."""
+    import tokenizer
+    monkeypatch.delenv("NANOGPT_GPT2_TIKTOKEN", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    os.makedirs(os.path.dirname(tokenizer.cache_path()))
+    with open(gpt2_rank_file(), "rb") as given:
+        good = given.read()
+    with open(tokenizer.cache_path(), "wb") as torn:
+        torn.write(good[:len(good) // 2])
+    assert gpt2_encoding(gpt2_rank_file()).encode("hello world") == [31373, 995]
+    with open(tokenizer.cache_path(), "rb") as cached:
+        assert cached.read() == good
+    assert gpt2_encoding().encode("hello world") == [31373, 995]  # the scripts that take no path
+    with pytest.raises(UserError, match="not GPT-2's"), open(tmp_path / "torn", "wb+") as torn:
+        torn.write(good[:100])
+        torn.seek(0)
+        tokenizer.cache_ranks(torn, tokenizer.cache_path())  # what the package index's copy goes through too
+    with open(tokenizer.cache_path(), "rb") as cached:
+        assert cached.read() == good  # left as it was
+
+
+def test_a_damaged_cached_rank_file_is_removed_when_no_route_replaces_it(tmp_path):
+    """Offline, with the cache torn: one error line that says so, and the torn copy gone, so that the next run
+    with a network fetches a good one instead of failing on it again."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    cached = tmp_path / "xdg" / "nanogpt" / "gpt2.tiktoken"
+    os.makedirs(cached.parent)
+    cached.write_bytes(b"torn")
+    closed = "http://127.0.0.1:9"  # the discard port: nothing listens, so every download fails at once
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "TIKTOKEN_CACHE_DIR": str(tmp_path / "tk"),
+           "HTTPS_PROXY": closed, "HTTP_PROXY": closed, "https_proxy": closed, "http_proxy": closed,
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull}
+    env.pop("NANOGPT_GPT2_TIKTOKEN", None)
+    result = subprocess.run([sys.executable, "-c", "import sys, common, tokenizer; sys.excepthook = common.excepthook; "
+                             "tokenizer.gpt2_encoding()"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert f"the cached {cached} was damaged" in result.stderr and "NANOGPT_GPT2_TIKTOKEN" in result.stderr
+    assert not cached.exists()
 
 
 def test_a_cached_rank_file_is_used_before_any_download(tmp_path):
