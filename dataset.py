@@ -96,9 +96,11 @@ def read_meta_pkl(data_dir: str) -> dict | None:
             meta = pickle.load(f)
     except Exception as e:  # a torn or foreign pickle raises any of several types
         raise UserError(f"{path} is torn or not a pickle ({e.__class__.__name__}): prepare the dataset again") from None
-    if not (isinstance(meta, dict) and isinstance(meta.get("vocab_size"), int) and isinstance(meta.get("itos"), dict)
-            and sorted(meta["itos"]) == list(range(len(meta["itos"])))):
-        raise UserError(f"{path} lacks vocab_size or an itos table of ids 0..n-1: prepare the dataset again")
+    itos = meta.get("itos") if isinstance(meta, dict) else None
+    if not (isinstance(itos, dict) and isinstance(meta.get("vocab_size"), int)
+            and all(type(k) is int and isinstance(c, str) for k, c in itos.items())  # sorting mixed keys would raise
+            and sorted(itos) == list(range(len(itos)))):
+        raise UserError(f"{path} lacks vocab_size or an itos table of ids 0..n-1 to characters: prepare the dataset again")
     return meta
 
 

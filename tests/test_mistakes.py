@@ -9,6 +9,7 @@ own, forked from a Python that has already imported torch (conftest.Warm)."""
 import concurrent.futures
 import hashlib
 import os
+import pickle
 import queue
 import re
 import shutil
@@ -293,6 +294,9 @@ CASES = [
          setup=copy_dataset(nanogpt_layout(b"\x80\x04\x95\x10\x00"))),
     Case("meta.pkl lacks itos", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"meta.pkl lacks vocab_size or an itos table",
          setup=copy_dataset(nanogpt_layout(b"\x80\x04}\x94\x8c\nvocab_size\x94K\x05s."))),
+    Case("meta.pkl itos keys mixed", "train.py", [*TRAIN, "--dataset={tmp}/other"],
+         r"meta.pkl lacks vocab_size or an itos table of ids 0..n-1 to characters",
+         setup=copy_dataset(nanogpt_layout(pickle.dumps({"vocab_size": 2, "itos": {0: "a", "1": "b"}})))),
     Case("token file torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"val.bin is \d+ bytes, not a whole number of 2-byte",
          setup=copy_dataset(lambda d: open(os.path.join(d, "val.bin"), "ab").write(b"\x01"))),
     Case("block_size past val", "train.py", [*TRAIN, "--block_size=100000"], r"block_size 100000 is not shorter than the val split"),
