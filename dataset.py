@@ -231,6 +231,14 @@ def max_token_id(paths: list[str], dtype, chunk: int = 1 << 26) -> int:
     return largest
 
 
+def wide_tokens(path: str, sample: int = 1 << 20) -> bool:
+    """Whether a token file read as nanoGPT's uint16 looks like uint32 tokens (as forks with larger vocabularies
+    write): every second uint16 of its first `sample`, the high half of a uint32 id below 65536, is 0. Text
+    tokenised as uint16 has no such pattern."""
+    data = token_map(path, np.uint16)[:sample]
+    return len(data) >= 4 and len(data) % 2 == 0 and not data[1::2].any() and data[0::2].any()
+
+
 def ram_bytes() -> int | None:
     """This machine's physical memory, or None where the system does not say."""
     try:
@@ -274,6 +282,12 @@ def load_dataset(dataset: str, block_size: int | None) -> dict:
             raise UserError(f"{split} files in {data_dir} hold {counts} tokens but meta.json says {expected[split]}: "
                             "prepare the dataset again")
         splits[split] = list(zip(paths, counts))  # never empty: meta_problem requires a file per split
+    if meta is None:  # nanoGPT's layout, read as uint16: a fork's uint32 file would train on a 0 between every two tokens
+        wide = next((path for path in files["train"] + files["val"] if wide_tokens(path)), None)
+        if wide:
+            raise UserError(f"{wide} looks like uint32 tokens (every second uint16 is 0), but without meta.json a "
+                            "dataset is read as nanoGPT's uint16: prepare it with data/prepare.py, whose meta.json "
+                            "names the dtype")
     if max_id is None:
         max_id = max_token_id(files["train"] + files["val"], dtype)
     n_bytes = sum(n for split in splits.values() for _, n in split) * dtype.itemsize

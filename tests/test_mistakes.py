@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,6 +82,14 @@ def nanogpt_layout(meta_pkl: bytes):
         os.remove(os.path.join(folder, "meta.json"))
         write(os.path.join(folder, "meta.pkl"), meta_pkl)
     return change
+
+
+def wide_train_bin(folder):
+    """nanoGPT's layout with train.bin written as uint32, as forks with larger vocabularies write it."""
+    os.remove(os.path.join(folder, "meta.json"))
+    path = os.path.join(folder, "train.bin")
+    tokens = np.fromfile(path, dtype=np.uint16)
+    tokens.astype(np.uint32).tofile(path)
 
 
 def other_vocabulary(tmp, run, data):
@@ -297,6 +306,9 @@ CASES = [
     Case("meta.pkl itos keys mixed", "train.py", [*TRAIN, "--dataset={tmp}/other"],
          r"meta.pkl lacks vocab_size or an itos table of ids 0..n-1 to characters",
          setup=copy_dataset(nanogpt_layout(pickle.dumps({"vocab_size": 2, "itos": {0: "a", "1": "b"}})))),
+    Case("legacy train.bin uint32", "train.py", [*TRAIN, "--dataset={tmp}/other"],
+         r"train.bin looks like uint32 tokens \(every second uint16 is 0\), but without meta.json",
+         setup=copy_dataset(wide_train_bin)),
     Case("token file torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"val.bin is \d+ bytes, not a whole number of 2-byte",
          setup=copy_dataset(lambda d: open(os.path.join(d, "val.bin"), "ab").write(b"\x01"))),
     Case("block_size past val", "train.py", [*TRAIN, "--block_size=100000"], r"block_size 100000 is not shorter than the val split"),
