@@ -277,7 +277,8 @@ def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str
                         f"({' '.join(f'--{k}={saved[k]}' for k in keys)}), drop those settings, or use a new out_dir")
     if clashes:
         raise UserError(f"init_from={source} is a model of another shape: {', '.join(clashes)}; drop those settings "
-                        "(the model's own shape is used) or start from scratch")
+                        f"(the model's own shape is used), give the model's where a config file sets them "
+                        f"({' '.join(f'--{k}={saved[k]}' for k in keys)}), or start from scratch")
 
 
 def load_model_state(model: torch.nn.Module, state: dict, path: str, optimizer=None, optimizer_state: dict | None = None):

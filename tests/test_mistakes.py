@@ -317,7 +317,7 @@ CASES = [
     Case("gpt2 block_size too long", "train.py", [*TRAIN, "--init_from={tmp}/hf", "--block_size=2048"],
          r"block_size 2048 is longer than .*hf's context of 1024", setup=lambda tmp, run, data: save_tiny_gpt2(tmp)),
     Case("init_from of another shape", "train.py", [*TRAIN, "--init_from={tmp}/hf", "--n_layer=3"],
-         r"init_from=.*hf is a model of another shape: n_layer=3 \(.*hf: 2\); drop those settings",
+         r"init_from=.*hf is a model of another shape: n_layer=3 \(.*hf: 2\); drop those settings .*\(--n_layer=2\)",
          setup=lambda tmp, run, data: save_tiny_gpt2(tmp)),
     Case("dataset a token file", "train.py", [*TRAIN, "--dataset={data}/train.bin"],
          r"dataset '.*train.bin' is a file, not a dataset folder: give its folder, --dataset=.*"),
