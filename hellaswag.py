@@ -42,7 +42,8 @@ def find_data(path: str) -> str:
 
 
 def read_examples(path: str) -> list[dict]:
-    """The items of a HellaSwag jsonl, each checked: ctx a non-empty string, endings four strings, label 0 to 3."""
+    """The items of a HellaSwag jsonl, each checked: ctx a non-empty string, endings four strings, label 0 to 3
+    (an int, or a string as in the Hugging Face dataset's copy)."""
     examples = []
     with open(path, "rb") as f:  # bytes, so that a line that is not UTF-8 is an error naming it
         for n, line in enumerate(f, 1):
@@ -52,7 +53,8 @@ def read_examples(path: str) -> list[dict]:
                 item = json.loads(line.decode("utf-8"))
                 ok = (isinstance(item["ctx"], str) and item["ctx"] != "" and isinstance(item["endings"], list)
                       and len(item["endings"]) == 4 and all(isinstance(e, str) for e in item["endings"])
-                      and item["label"] in (0, 1, 2, 3))  # an empty ctx leaves an ending's first token unscored
+                      and item["label"] in (0, 1, 2, 3, "0", "1", "2", "3"))  # a string: as Hugging Face's copy
+                # stores it; an empty ctx would leave an ending's first token unscored
             except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
                 ok = False
             if not ok:

@@ -107,6 +107,17 @@ def test_a_malformed_item_is_one_error_naming_its_line(tmp_path, line, problem):
         read_examples(str(path))
 
 
+def test_labels_given_as_strings_read_as_ints(tmp_path):
+    """Hugging Face's copy of HellaSwag stores the label as a string ("3"); a jsonl written from it scores the same."""
+    ints, strings = tmp_path / "ints.jsonl", tmp_path / "strings.jsonl"
+    write_jsonl(ints, ITEMS)
+    write_jsonl(strings, [{**item, "label": str(item["label"])} for item in ITEMS])
+    assert read_examples(str(strings)) == read_examples(str(ints))
+    write_jsonl(strings, [{**ITEMS[0], "label": "4"}])
+    with pytest.raises(UserError, match=r"strings.jsonl line 1 is not a HellaSwag item"):
+        read_examples(str(strings))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("procs,limit", [(0, 0), (2, 0), (0, 3)])
 def test_eval_py_scores_a_checkpoint_alone_and_under_torchrun(tmp_path, procs, limit):
