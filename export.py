@@ -72,7 +72,7 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
     with tempfile.TemporaryDirectory(dir=parent, prefix=".export-") as tmp:
         staged = os.path.join(tmp, "model")
         hf_model.save_pretrained(staged)
-        tokenizer = write_tokenizer(vocab, staged)
+        tokenizer = write_tokenizer(vocab, model.config.vocab_size, staged)
         files = sorted(os.listdir(staged))
         if os.path.exists(folder):  # moved aside, not deleted, until the new folder is in place
             os.replace(folder, os.path.join(tmp, "old"))

@@ -238,9 +238,11 @@ def read_vocabulary(folder: str) -> dict | None:
         ids = {**model["vocab"], **{t["content"]: t["id"] for t in saved.get("added_tokens", [])}}
     except (KeyError, TypeError) as e:
         raise UserError(f"{path} is damaged ({e.__class__.__name__}): write the folder again (export.py)") from None
-    in_order = sorted(ids, key=ids.get)
-    if model.get("type") == "BPE" and not model.get("merges") and all(len(c) == 1 for c in ids) \
-            and [ids[c] for c in in_order] == list(range(len(ids))):
+    # a character vocabulary, and the <|endoftext|> after it that data/prepare.py's char datasets have
+    chars = {c: i for c, i in ids.items() if not (c == "<|endoftext|>" and i == len(ids) - 1)}
+    in_order = sorted(chars, key=chars.get)
+    if model.get("type") == "BPE" and not model.get("merges") and all(len(c) == 1 for c in chars) \
+            and [chars[c] for c in in_order] == list(range(len(chars))):
         return {"tokenizer": "char", "chars": "".join(in_order)}
     if len(ids) == 50257 and ids.get("<|endoftext|>") == 50256 and ids.get("\u0120the") == 262:  # Ġthe: " the"
         return {"tokenizer": "gpt2", "chars": None}
@@ -277,9 +279,10 @@ def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return merges
 
 
-def write_tokenizer(vocab: dict | None, folder: str) -> str:
+def write_tokenizer(vocab: dict | None, vocab_size: int, folder: str) -> str:
     """Tokenizer files for a model's vocabulary (as checkpoints keep it; None: GPT-2's BPE) in folder, loadable
-    with AutoTokenizer; returns what it wrote, in words."""
+    with AutoTokenizer; returns what it wrote, in words. A character model of vocab_size past its characters
+    (data/prepare.py's, which ends each document with one) has <|endoftext|> as the id after them, its eos."""
     tf = transformers_module()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # installed with transformers
 
@@ -287,8 +290,11 @@ def write_tokenizer(vocab: dict | None, folder: str) -> str:
     if chars is not None:  # one token per character, nothing merged
         tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
         tok.decoder = decoders.Fuse()
-        tf.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
-        return f"a {len(chars)}-character tokenizer"
+        eot = vocab_size > len(chars)
+        if eot:
+            tok.add_special_tokens(["<|endoftext|>"])  # the next id: len(chars)
+        tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>" if eot else None).save_pretrained(folder)
+        return f"a {len(chars)}-character tokenizer" + (" with <|endoftext|>" if eot else "")
     from tokenizer import EOT, gpt2_encoding
 
     enc = gpt2_encoding()
@@ -306,8 +312,11 @@ def write_tokenizer(vocab: dict | None, folder: str) -> str:
 
 
 def special_tokens(vocab: dict | None, vocab_size: int) -> dict:
-    """bos/eos ids for a model config: GPT-2's <|endoftext|> when the model has GPT-2's BPE, else none."""
+    """bos/eos ids for a model config: GPT-2's <|endoftext|> when the model has GPT-2's BPE; a character model's
+    <|endoftext|> (the id after its characters, see write_tokenizer) as its eos; else none."""
     chars = (vocab or {}).get("chars")
     if chars is None and vocab_size > 50256:
         return {"bos_token_id": 50256, "eos_token_id": 50256}
+    if chars is not None and vocab_size > len(chars):
+        return {"bos_token_id": None, "eos_token_id": len(chars)}
     return {"bos_token_id": None, "eos_token_id": None}

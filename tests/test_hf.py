@@ -163,7 +163,7 @@ def test_a_transformers_folder_without_weights_says_so(tmp_path):
 def test_gpt2_tokenizer_files_encode_and_decode_as_tiktoken(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOGPT_GPT2_TIKTOKEN", gpt2_rank_file())
     from tokenizer import gpt2_encoding
-    hf.write_tokenizer(None, str(tmp_path))
+    hf.write_tokenizer(None, 50304, str(tmp_path))
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     text = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n  they'll  x's 123 4567 héllo wörld "
             "日本語 🙂\t<|endoftext|> tail\r\n")
@@ -173,13 +173,22 @@ def test_gpt2_tokenizer_files_encode_and_decode_as_tiktoken(tmp_path, monkeypatc
     assert hf.read_vocabulary(str(tmp_path)) == {"tokenizer": "gpt2", "chars": None}  # what a reader takes it for
 
 
-def test_character_tokenizer_files_map_each_character_to_its_id(tmp_path):
+@pytest.mark.parametrize("eot", [False, True], ids=["nanogpt-char", "prepare-char"])
+def test_character_tokenizer_files_map_each_character_to_its_id(tmp_path, eot):
+    """data/prepare.py's character datasets end each document with <|endoftext|>, the id after the characters
+    (nanoGPT's shakespeare_char has none): the exported tokenizer has it, as its eos, when the model does."""
     chars = "\n !',.:;?ABCabc"
-    hf.write_tokenizer({"tokenizer": "char", "chars": chars}, str(tmp_path))
+    hf.write_tokenizer({"tokenizer": "char", "chars": chars}, len(chars) + eot, str(tmp_path))
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     text = "Abc, cab!\n\nB a? C;"
     assert theirs.encode(text) == [chars.index(c) for c in text]
     assert theirs.decode(theirs.encode(text)) == text
+    if eot:
+        assert theirs.eos_token_id == len(chars) and theirs.encode("ab<|endoftext|>c") == [12, 13, len(chars), 14]
+        assert theirs.decode([12, len(chars)]) == "a<|endoftext|>"
+        assert hf.special_tokens({"tokenizer": "char", "chars": chars}, len(chars) + 1)["eos_token_id"] == len(chars)
+    else:
+        assert theirs.eos_token_id is None and len(theirs) == len(chars)
     assert hf.read_vocabulary(str(tmp_path)) == {"tokenizer": "char", "chars": chars}
 
 
