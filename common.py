@@ -22,9 +22,14 @@ class UserError(ValueError):
 
 def excepthook(exc_type, exc, tb):
     """sys.excepthook for the scripts: a UserError is one line on stderr, with the traceback only when
-    NANOGPT_TRACEBACK=1; any other exception is a bug and keeps its traceback."""
-    if issubclass(exc_type, UserError) and os.environ.get("NANOGPT_TRACEBACK") != "1":
+    NANOGPT_TRACEBACK=1, as is a Ctrl-C before train.py's own handler takes over (StopFlag, once training
+    starts); any other exception is a bug and keeps its traceback."""
+    if os.environ.get("NANOGPT_TRACEBACK") == "1":
+        traceback.print_exception(exc_type, exc, tb)
+    elif issubclass(exc_type, UserError):
         print(f"error: {exc}", file=sys.stderr)
+    elif issubclass(exc_type, KeyboardInterrupt):
+        print("interrupted (Ctrl-C)", file=sys.stderr)
     else:
         traceback.print_exception(exc_type, exc, tb)
 

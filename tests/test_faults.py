@@ -673,6 +673,16 @@ def test_resume_takes_the_shape_from_the_checkpoint_when_not_given(char_data, tm
     assert "starting at iteration 4" in result.stdout and "x 32 tokens" in result.stdout  # block_size 32, not 1024
 
 
+def test_a_ctrl_c_before_training_starts_is_one_line_not_a_traceback():
+    """train.py's StopFlag takes SIGINT once training starts; before that (the data read, the model built, the test
+    compile) Python raises KeyboardInterrupt, which the scripts' excepthook reports in a line; Python then ends
+    by SIGINT, as a shell expects of a Ctrl-C (its status 130)."""
+    env = {k: v for k, v in os.environ.items() if k != "NANOGPT_TRACEBACK"}
+    result = subprocess.run([sys.executable, "-c", "import sys, common; sys.excepthook = common.excepthook; "
+                             "raise KeyboardInterrupt"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr) == (-signal.SIGINT, "interrupted (Ctrl-C)\n")
+
+
 RANK0_FAILS = """
 import datetime, sys
 sys.path.insert(0, {root!r})
