@@ -85,11 +85,12 @@ def format_duration(seconds: float) -> str:
 
 
 def progress_line(it: int, max_iters: int, loss: float, lr: float, tokens_per_sec: float, mfu: float | None,
-                  elapsed: float, eta: float) -> str:
-    """One human-readable progress line."""
+                  elapsed: float, eta: float | None) -> str:
+    """One human-readable progress line (eta None: not known yet)."""
     mfu_text = f" | mfu {mfu * 100:.1f}%" if mfu is not None else ""
     return (f"iter {it}/{max_iters} ({100 * it / max_iters:.1f}%) | loss {loss:.4f} | lr {lr:.2e} | "
-            f"{tokens_per_sec:,.0f} tok/s{mfu_text} | {format_duration(elapsed)} elapsed, ETA {format_duration(eta)}")
+            f"{tokens_per_sec:,.0f} tok/s{mfu_text} | {format_duration(elapsed)} elapsed, ETA "
+            + (format_duration(eta) if eta is not None else "not known yet"))
 
 
 def run_info(config: dict, argv: list[str]) -> dict:
@@ -193,17 +194,18 @@ class Reporter:
     def step(self, it: int, max_iters: int, tokens: int, loss: float, lr: float, grad_norm: float, dt: float,
              tokens_per_sec: float, mfu: float | None, elapsed: float, steps_done: int, train_time: float):
         """A log step: dt is the mean time per step since the last one; train_time is this session's
-        training time over its steps_done steps, which gives the ETA."""
+        training time over its steps_done timed steps, which gives the ETA (None before any is timed: the
+        first step's time, compiling included, says little of the pace)."""
         if not self.active:
             return
-        eta = train_time / steps_done * (max_iters - it)
+        eta = train_time / steps_done * (max_iters - it) if steps_done else None if it < max_iters else 0.0
         if self.format == "text":
             print(progress_line(it, max_iters, loss, lr, tokens_per_sec, mfu, elapsed, eta))
         elif self.format == "json":
             print(json_text({"iter": it, "max_iters": max_iters, "loss": loss, "lr": lr, "tokens": tokens,
                               "tokens_per_sec": tokens_per_sec, "mfu": mfu, "grad_norm": grad_norm,
                               "elapsed_s": elapsed, "eta_s": eta}), flush=True)
-        if not self.eta_announced and steps_done >= min(10, max_iters - (it - steps_done)) and self.format == "text":
+        if not self.eta_announced and 0 < steps_done >= min(10, max_iters - (it - steps_done)) and self.format == "text":
             self.eta_announced = True
             print(f"estimated time for the remaining {max_iters - it:,} steps: {format_duration(eta)} "
                   f"({train_time / steps_done * 1000:.1f} ms/step so far, evaluations not included)")

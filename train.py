@@ -566,6 +566,9 @@ if __name__ == "__main__":
     skipped_reported, last_losses, last_eval_iter = 0, None, None
     saved = (ckpt_path, iter_num) if init_from == "resume" else None  # the checkpoint to go back to, if any
     t_start, train_time, start_iter = time.monotonic(), 0.0, iter_num
+    # the session's first step compiles the graphs (with compile) and warms the device up: it is timed apart, and
+    # the times (tok/s, the ETA, the summary's means) are of the steps from timed_from on
+    timed_from, first_step_s = start_iter, None
     train_batches = Prefetcher(read_train_batch, ((it, m) for it in itertools.count(iter_num) for m in range(accum_steps)),
                                prefetch_batches, device)
     X, Y = next(train_batches)
@@ -632,12 +635,14 @@ if __name__ == "__main__":
         iter_num += 1
         tokens_seen += tokens_per_iter
         iters_since_log += 1
+        first_step = iter_num == start_iter + 1
 
         # the host looks at the verdicts every step only when asked to (or the optimizer cannot skip on the
-        # device); otherwise once per log line, so the device's queue is never drained mid-interval
+        # device); otherwise once per log line (and after the first step, to time it), so the device's queue is
+        # never drained mid-interval
         log_now = iter_num % log_interval == 0 or iter_num == max_iters
         stop_check = stop.requested if not ddp else iter_num % STOP_CHECK_STEPS == 0  # a host bool: free to read
-        if log_now or stop_check or sync_every_step or not skip_on_device:
+        if log_now or stop_check or sync_every_step or not skip_on_device or first_step:
             stop_flag = torch.tensor(float(stop.requested), device=device)
             if ddp:
                 dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)  # a signal to any one rank stops them all
@@ -653,14 +658,20 @@ if __name__ == "__main__":
                 raise UserError(f"{int(worst)} steps in a row had a non-finite loss or gradient norm (by iter "
                                 f"{iter_num}): stopping; {kept_checkpoint(saved)}. Lower "
                                 "learning_rate, raise warmup_iters or check the data")
-            if log_now:
+            if log_now or first_step:
                 t_now = time.monotonic()  # after the sync above, so the timing is real
                 dt = (t_now - t_log) / iters_since_log
-                train_time += t_now - t_log
+                if first_step:
+                    first_step_s, timed_from = dt, iter_num
+                    report.print(f"first step: {dt:.2f} s" + (" (compiling the model)" if compile and not problem
+                                                               else "") + "; the times from here leave it out")
+                else:
+                    train_time += t_now - t_log
                 t_log, iters_since_log = t_now, 0
+            if log_now:
                 report.step(iter_num, max_iters, tokens_seen, loss_value, lr, grad_value, dt, tokens_per_iter / dt,
                             raw_model.estimate_mfu(tokens_per_iter // world_size, dt, peak), t_now - t_start,
-                            iter_num - start_iter, train_time)
+                            iter_num - timed_from, train_time)
             if stop_now:
                 if iters_since_log:  # the steps since the last log line count in the summary's times too
                     train_time += time.monotonic() - t_log
@@ -672,13 +683,13 @@ if __name__ == "__main__":
     train_batches.close()
 
     # ---- summary
-    steps_done = iter_num - start_iter
+    steps_done = iter_num - timed_from  # the timed steps
     report.summary({
         "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stopped_by_signal, "skipped_steps": int(skipped_steps.item()),
         "final_train_loss": last_losses["train"] if last_losses else None,
         "final_val_loss": last_losses["val"] if last_losses else None, "final_loss_iter": last_eval_iter,
         "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else None, "best_iter": best_iter,
-        "wall_time_s": time.monotonic() - t_start,
+        "wall_time_s": time.monotonic() - t_start, "first_step_s": first_step_s,
         "mean_tokens_per_sec": steps_done * tokens_per_iter / train_time if train_time else None,
         "mean_mfu": (raw_model.estimate_mfu(tokens_per_iter // world_size, train_time / steps_done, peak)
                      if steps_done and train_time else None),

@@ -3,6 +3,7 @@ import glob
 import json
 import math
 import os
+import re
 import struct
 
 import pytest
@@ -172,6 +173,13 @@ def test_run_info_and_summary_files(char_data, tmp_path):
     assert summary["final_val_loss"] == pytest.approx(val[-1]) and summary["best_val_loss"] == pytest.approx(min(val[1:]))
     assert summary["mean_tokens_per_sec"] > 0 and summary["checkpoint"].endswith("ckpt.pt")
     assert "done: 8 iters" in result.stdout
+    # the first step (which compiles, with compile) is timed apart: the means are of steps 2-8, whose log lines'
+    # times (log_interval 1, evaluations left out) add up to the training time
+    dt = {int(r["iter"]): float(r["dt_ms"]) / 1000 for r in read_metrics(out) if r["dt_ms"]}
+    assert sorted(dt) == list(range(1, 9)) and summary["first_step_s"] == pytest.approx(dt[1])
+    assert summary["mean_tokens_per_sec"] == pytest.approx(7 * 2 * 8 * 32 / sum(dt[i] for i in range(2, 9)), rel=1e-6)
+    assert re.search(r"^first step: [\d.]+ s; the times from here leave it out$", result.stdout, re.M)
+    assert re.search(r"^iter 1/8 .* ETA not known yet$", result.stdout, re.M)
 
 
 def test_help_shows_every_key_that_the_gpt2_config_sets(tmp_path):
