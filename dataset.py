@@ -165,7 +165,8 @@ def find_dataset(dataset: str) -> str:
     if not os.path.isdir(data_dir):
         how = (f"python data/{dataset}/prepare.py, or data/prepare.py for your own text" if os.sep not in dataset
                else f"python data/prepare.py --input YOUR_TEXT --out_dir {dataset}")
-        raise UserError(f"dataset '{dataset}' not found: no folder {dataset} or {data_dir}; prepare it first ({how})")
+        where = dataset if os.path.isabs(dataset) else f"{dataset} or {data_dir}"  # an absolute path joins to itself
+        raise UserError(f"dataset '{dataset}' not found: no folder {where}; prepare it first ({how})")
     return data_dir
 
 

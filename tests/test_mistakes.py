@@ -283,7 +283,7 @@ CASES = [
          r"the last evaluation \(iter 8\) gave val loss nan: the weights are not finite and were not saved; the last "
          r"good checkpoint, .*ckpt.pt at iter 4, is kept", may_change=RUN_LOGS),
     # ---- train.py: datasets
-    Case("dataset missing", "train.py", [*TRAIN, "--dataset={tmp}/nothing_here"], r"dataset '.*nothing_here' not found"),
+    Case("dataset missing", "train.py", [*TRAIN, "--dataset={tmp}/nothing_here"], r"dataset '(.*nothing_here)' not found: no folder \1; prepare it first"),  # once: the path is absolute
     Case("dataset not prepared", "train.py", [*TRAIN, "--dataset={tmp}/fresh"],
          r"has no train.bin or meta.json in .*fresh: prepare it first \(python .*fresh/prepare.py\)",
          setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "fresh")),
