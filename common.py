@@ -82,6 +82,17 @@ def autocast_context(device_type: str, dtype: str):
     return torch.autocast(device_type=device_type, dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
 
 
+def cpu_contention(load: float, cores: int, threads: int) -> str | None:
+    """A warning when torch's `threads` compute threads would share `cores` with other work (the load average
+    `load`, as os.getloadavg gives it, at least the cores): its threads wait on each other at every op, so a
+    busy CPU can run many times slower than with one thread (a 4-layer model's step: 145 ms in 2 threads against
+    36 ms in 1 on a 2-core VM with one core kept busy, where 2 threads took 22 ms on an idle one)."""
+    if threads < 2 or load < cores:
+        return None
+    return (f"warning: this machine's load average is {load:.1f} on {cores} cores, and torch computes in {threads} "
+            "threads that wait on each other at every op: on a busy CPU, OMP_NUM_THREADS=1 can be many times faster")
+
+
 # ---- processes
 
 def launcher_ranks(env: dict) -> tuple[int, int, int] | None:

@@ -32,8 +32,8 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, bett
                         own_kept_step, publish_checkpoint, repair_published, restore_training_state,
                         save_checkpoint, take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
-                    excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0, peak_flops, raise_held,
-                    resolve_dtype, setup_distributed)
+                    cpu_contention, excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0, peak_flops,
+                    raise_held, resolve_dtype, setup_distributed)
 from dataset import (Prefetcher, check_block_size, data_change, eval_key, get_batch, load_dataset, model_vocab_size,
                      read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8
@@ -345,6 +345,10 @@ if __name__ == "__main__":
                             "set them to 0, and sample or evaluate the checkpoint with sample.py or eval.py")
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
     report.print(f"world size {world_size}, device {device}, dtype {dtype}")
+    if device_type == "cpu" and master_process and hasattr(os, "getloadavg"):
+        contention = cpu_contention(os.getloadavg()[0], os.cpu_count() or 1, torch.get_num_threads())
+        if contention:
+            print(contention, file=sys.stderr)
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

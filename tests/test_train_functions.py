@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from common import UserError, check_compile_mode
+from common import UserError, check_compile_mode, cpu_contention
 from dataset import Prefetcher, count_tokens, get_batch, larger_than_cache, load_dataset, read_batch
 from train import estimate_loss, get_lr
 
@@ -18,6 +18,14 @@ from train import estimate_loss, get_lr
 def write_tokens(path, n, dtype=np.uint16, start=0):
     np.arange(start, start + n, dtype=np.int64).astype(dtype).tofile(path)
     return str(path)
+
+
+def test_a_busy_cpu_is_warned_of_only_when_torch_computes_in_several_threads():
+    assert cpu_contention(0.5, 2, 2) is None and cpu_contention(1.9, 2, 2) is None  # room for both threads
+    assert cpu_contention(8.0, 2, 1) is None  # one thread waits on no other
+    assert cpu_contention(2.0, 2, 2) == ("warning: this machine's load average is 2.0 on 2 cores, and torch computes "
+                                         "in 2 threads that wait on each other at every op: on a busy CPU, "
+                                         "OMP_NUM_THREADS=1 can be many times faster")
 
 
 def test_get_lr_warmup_peak_decay_and_floor():
