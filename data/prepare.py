@@ -42,6 +42,7 @@ from tokenizer import EOT, gpt2_encoding  # noqa: E402
 EXTENSIONS = (".txt", ".jsonl", ".parquet")
 TXT_PIECE_CHARS = 1 << 20  # cut .txt files into documents of about this many characters
 BATCH_CHARS = 4 << 20  # characters handed to a worker at a time
+PROGRESS_LOG_S = 10  # seconds between progress lines when stderr is a log file, not a terminal
 
 
 class PrepareError(UserError):
@@ -408,6 +409,10 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         writers = {split: TokenWriter(out_dir, split, dtype, shard_tokens) for split in ("train", "val")}
         workers = workers or os.cpu_count() or 1
         max_id, n_chars, t0, shown = -1, 0, time.time(), 0.0
+        # on a terminal the progress line is rewritten in place every half second; in a log file (no "\r" there) a
+        # line is added every PROGRESS_LOG_S
+        live = sys.stderr.isatty()
+        pace, lead, end = (0.5, "\r", "") if live else (PROGRESS_LOG_S, "", "\n")
         try:
             with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
                                                            (tokenizer, chars, rank_file, val_fraction, seed)) as pool:
@@ -425,11 +430,11 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
                     pending.append(pool.apply_async(_encode_batch, (batch,)))
                     if len(pending) >= 2 * workers:
                         drain_one()
-                    if progress and time.time() - shown > 0.5:
+                    if progress and time.time() - (shown or t0) > pace:
                         shown = time.time()
-                        tokens = sum(sum(w.counts) for w in writers.values())
-                        print(f"\r{tokens:,} tokens, {n_chars / 1e6:,.0f}M characters, "
-                              f"{tokens / (shown - t0):,.0f} tokens/s", end="", file=sys.stderr, flush=True)
+                        tokens = sum(sum(w.counts) for w in writers.values())  # of the batches written so far
+                        print(f"{lead}{n_chars / 1e6:,.1f}M characters read, {tokens:,} tokens written ("
+                              f"{tokens / (shown - t0):,.0f} tokens/s)", end=end, file=sys.stderr, flush=True)
                 while pending:
                     drain_one()
             splits = {split: w.finish() for split, w in writers.items()}
@@ -440,7 +445,7 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
             if 0 in (splits["train"]["tokens"], splits["val"]["tokens"]):
                 writers = split_by_position(writers, val_fraction)
                 splits = {split: w.finish() for split, w in writers.items()}
-                print(("\n" if shown else "") + f"note: every document ({documents}) went to one split, so val is "
+                print(("\n" if shown and live else "") + f"note: every document ({documents}) went to one split, so val is "
                       f"instead the last {splits['val']['tokens']:,} tokens of the corpus (val_fraction {val_fraction})",
                       file=sys.stderr)
             meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name,
@@ -451,13 +456,13 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         except BaseException:
             for writer in writers.values():
                 writer.discard()
-            if shown:
+            if shown and live:
                 print(file=sys.stderr)  # end the progress line, so an error starts a line of its own
             raise
     if progress:
         elapsed = time.time() - t0
         total = sum(s["tokens"] for s in splits.values())
-        print(f"\r{total:,} tokens from {n_chars:,} characters in {elapsed:.1f} s ({total / elapsed:,.0f} tokens/s); "
+        print(f"{lead if shown else ''}{total:,} tokens from {n_chars:,} characters in {elapsed:.1f} s ({total / elapsed:,.0f} tokens/s); "
               f"train {splits['train']['tokens']:,}, val {splits['val']['tokens']:,} -> {out_dir}", file=sys.stderr)
     return meta
 

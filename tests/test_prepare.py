@@ -230,6 +230,8 @@ def test_a_prepare_into_a_folder_another_prepare_is_writing_is_refused(tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads((out / "meta.json").read_text())["chars"] == " dehmorsw"
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]  # the hold leaves no file behind
+    # a log file gets whole lines, no "\r" (which run_script's text mode reads as a line break: a blank line)
+    assert " tokens from " in result.stderr and all(result.stderr.splitlines()), result.stderr
 
 
 def test_inputs_that_match_nothing_are_an_error(tmp_path):
