@@ -123,14 +123,18 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         raise UserError(f"config file '{path}' line {line} raised {e.__class__.__name__}: {e}") from None
     imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
-    changed = {}
-    for key, value in scope.items():
-        if key.startswith("_") or isinstance(value, types.ModuleType) or callable(value) or key in ignored \
-                or (key in imported and key not in config):
-            continue  # imports (from math import sqrt, pi), helpers and private names are the file's own business
-        if key not in config or value is not config[key]:
-            changed[key] = _checked(key, value, defaults or config, f"config file '{path}'", autos)
-    return changed
+    settings = {key: value for key, value in scope.items() if not (
+        key.startswith("_") or isinstance(value, types.ModuleType) or callable(value) or key in ignored
+        or (key in imported and key not in config))}  # imports (from math import sqrt, pi), helpers and private
+    unknown = [key for key in settings if key not in (defaults or config)]  # names are the file's own business
+    if len(unknown) > 1:  # not a typo: a config file of another script, such as train.py's given to sample.py
+        run = scope.get("out_dir") if "out_dir" in config else None
+        hint = f"; for the run it trains, pass --out_dir={run}" if isinstance(run, str) else ""
+        raise UserError(f"config file '{path}' sets {len(unknown)} settings this script does not have ("
+                        f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): it is another script's "
+                        f"config{hint}; see --help for this one's")
+    return {key: _checked(key, value, defaults or config, f"config file '{path}'", autos)
+            for key, value in settings.items() if key not in config or value is not config[key]}
 
 
 def configure(config: dict, argv: list[str], script: str | None = None, ignored=(), check: bool = True) -> dict:
