@@ -10,6 +10,7 @@ import errno
 import glob
 import json
 import mmap
+import numbers
 import os
 import pickle
 import re
@@ -98,7 +99,8 @@ def read_meta_pkl(data_dir: str) -> dict | None:
         raise UserError(f"{path} is torn or not a pickle ({e.__class__.__name__}): prepare the dataset again") from None
     itos = meta.get("itos") if isinstance(meta, dict) else None
     if not (isinstance(itos, dict) and isinstance(meta.get("vocab_size"), int)
-            and all(type(k) is int and isinstance(c, str) for k, c in itos.items())  # sorting mixed keys would raise
+            and all(isinstance(k, numbers.Integral) and not isinstance(k, bool) and isinstance(c, str) and len(c) == 1
+                    for k, c in itos.items())  # sorting mixed keys would raise
             and sorted(itos) == list(range(len(itos)))):
         raise UserError(f"{path} lacks vocab_size or an itos table of ids 0..n-1 to characters: prepare the dataset again")
     return meta
@@ -233,11 +235,14 @@ def max_token_id(paths: list[str], dtype, chunk: int = 1 << 26) -> int:
 
 
 def wide_tokens(path: str, sample: int = 1 << 20) -> bool:
-    """Whether a token file read as nanoGPT's uint16 looks like uint32 tokens (as forks with larger vocabularies
-    write): every second uint16 of its first `sample`, the high half of a uint32 id below 65536, is 0. Text
-    tokenised as uint16 has no such pattern."""
+    """Whether a token file of GPT-2 ids read as nanoGPT's uint16 looks like uint32 tokens (as forks with larger
+    vocabularies write): every second uint16 of its first `sample`, the high half of a uint32 id below 65536, is
+    0. GPT-2 text has no such pattern (id 0 is '!'); a file under WIDE_CHECK_MIN uint16s is too short to tell."""
     data = token_map(path, np.uint16)[:sample]
-    return len(data) >= 4 and len(data) % 2 == 0 and not data[1::2].any() and data[0::2].any()
+    return len(data) >= WIDE_CHECK_MIN and len(data) % 2 == 0 and not data[1::2].any() and data[0::2].any()
+
+
+WIDE_CHECK_MIN = 2048
 
 
 def ram_bytes() -> int | None:
@@ -283,7 +288,9 @@ def load_dataset(dataset: str, block_size: int | None) -> dict:
             raise UserError(f"{split} files in {data_dir} hold {counts} tokens but meta.json says {expected[split]}: "
                             "prepare the dataset again")
         splits[split] = list(zip(paths, counts))  # never empty: meta_problem requires a file per split
-    if meta is None:  # nanoGPT's layout, read as uint16: a fork's uint32 file would train on a 0 between every two tokens
+    if meta is None and pkl is None:  # nanoGPT's GPT-2 layout, read as uint16: a fork's uint32 file would train on a
+        # 0 between every two tokens (with meta.pkl, id 0 is a character, '\n' in nanoGPT's: a text of one-character
+        # lines would look the same)
         wide = next((path for path in files["train"] + files["val"] if wide_tokens(path)), None)
         if wide:
             raise UserError(f"{wide} looks like uint32 tokens (every second uint16 is 0), but without meta.json a "

@@ -85,8 +85,10 @@ def nanogpt_layout(meta_pkl: bytes):
 
 
 def wide_train_bin(folder):
-    """nanoGPT's layout with train.bin written as uint32, as forks with larger vocabularies write it."""
+    """nanoGPT's layout of GPT-2 ids (no meta.pkl) with train.bin written as uint32, as forks with larger
+    vocabularies write it."""
     os.remove(os.path.join(folder, "meta.json"))
+    os.remove(os.path.join(folder, "meta.pkl"))
     path = os.path.join(folder, "train.bin")
     tokens = np.fromfile(path, dtype=np.uint16)
     tokens.astype(np.uint32).tofile(path)

@@ -300,6 +300,36 @@ def test_load_dataset_without_meta_scans_for_the_largest_id(tmp_path):
     assert data["dtype"] == np.uint16 and data["vocab_size"] is None and data["max_token_id"] == 1099
 
 
+def test_a_character_dataset_of_one_character_lines_is_not_taken_for_uint32_tokens(tmp_path):
+    """In nanoGPT's character tables id 0 is '\n', so one character per line reads as [x, 0, y, 0, ...], the
+    pattern of uint32 tokens read as uint16: with meta.pkl that pattern says nothing, and the file loads."""
+    import pickle
+    chars = "\n0123456789"
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
+    lines = np.random.default_rng(0).integers(1, len(chars), 20_000)
+    for split in ("train", "val"):
+        np.stack([lines, np.zeros_like(lines)], 1).reshape(-1).astype(np.uint16).tofile(tmp_path / f"{split}.bin")
+    data = load_dataset(str(tmp_path), 32)
+    assert data["vocab_size"] == len(chars) and data["max_token_id"] == len(chars) - 1
+    os.remove(tmp_path / "meta.pkl")  # GPT-2 ids, where id 0 is '!': that many of them is uint32's high halves
+    with pytest.raises(UserError, match="train.bin looks like uint32 tokens"):
+        load_dataset(str(tmp_path), 32)
+
+
+def test_a_meta_pkl_table_with_numpy_int_keys_reads_and_one_of_longer_strings_is_refused(tmp_path):
+    import pickle
+    for split in ("train", "val"):
+        (np.arange(500) % 2).astype(np.uint16).tofile(tmp_path / f"{split}.bin")
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 2, "itos": {np.int64(0): "a", np.int64(1): "b"}}, f)
+    assert load_dataset(str(tmp_path), 32)["vocabulary"] == {"tokenizer": "char", "chars": "ab"}
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 2, "itos": {0: "ab", 1: "c"}}, f)  # "abc": id 1 would read as 'b'
+    with pytest.raises(UserError, match="meta.pkl lacks vocab_size or an itos table of ids 0..n-1 to characters"):
+        load_dataset(str(tmp_path), 32)
+
+
 def test_count_tokens_rejects_a_missing_file(tmp_path):
     with pytest.raises(UserError, match="is missing"):
         count_tokens(str(tmp_path / "nope.bin"), np.uint16)
