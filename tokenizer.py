@@ -7,9 +7,8 @@ download; the whisper/assets/gpt2.tiktoken file inside the openai-whisper source
 index (downloaded, never installed). The cached copy comes before any network, so a machine that has it never
 waits on a download host it cannot reach. Every rank file is checked against GPT-2's sha256, so each route gives
 the same ids, and only a checked one is cached: a damaged cached copy (a torn write, a full disk) is passed over
-and replaced by the next route that works.
+and replaced by the next route that works. (Never removed: another rank may be putting a good copy in place.)
 """
-import contextlib
 import hashlib
 import os
 import subprocess
@@ -101,12 +100,9 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
     if is_gpt2_ranks(cached):
         return encoding_from_ranks(cached)
     failures = []
-    if os.path.isfile(cached):  # not GPT-2's: a torn copy, removed so that the route below that works replaces it
-        print(f"warning: the cached {cached} is not GPT-2's rank file (damaged?): removed, fetching it again",
-              file=sys.stderr)
-        failures.append(f"the cached {cached} was damaged")
-        with contextlib.suppress(OSError):  # another rank may have removed it first; or a read-only cache
-            os.remove(cached)
+    if os.path.exists(cached):  # not GPT-2's: passed over, and replaced (atomically) by the route below that works
+        print(f"warning: the cached {cached} is not GPT-2's rank file (damaged?): fetching it again", file=sys.stderr)
+        failures.append(f"the cached {cached} is damaged")
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # tiktoken raises whatever its HTTP client raises when offline
