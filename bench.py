@@ -321,6 +321,11 @@ def build(cfg: dict) -> dict:
 
     if cfg["compile"]:
         check_compile_mode(cfg["compile_mode"], cfg["gradient_accumulation_steps"], torch.device(cfg["device"]).type)
+    if cfg["cold_data"] and not cfg["real_data"]:
+        raise UserError("cold_data=True evicts the dataset's files, which only real_data=True reads: set both")
+    if cfg["cold_data"] and not hasattr(os, "posix_fadvise"):
+        raise UserError("cold_data=True evicts files from the page cache with posix_fadvise, which this system lacks "
+                        "(Linux has it): leave cold_data False")
     check_device(cfg["device"])  # before the test compile, which needs the device
     problem = compile_problem(cfg["device"]) if cfg["compile"] else None  # before the plan: a compiled loss holds less
     if problem:
@@ -332,11 +337,6 @@ def build(cfg: dict) -> dict:
     device_type, dtype, ctx, model = model_of(cfg)
     vocab = model.config.vocab_size
     B, T = cfg["batch_size"], cfg["block_size"]
-    if cfg["cold_data"] and not cfg["real_data"]:
-        raise UserError("cold_data=True evicts the dataset's files, which only real_data=True reads: set both")
-    if cfg["cold_data"] and not hasattr(os, "posix_fadvise"):
-        raise UserError("cold_data=True evicts files from the page cache with posix_fadvise, which this system lacks "
-                        "(Linux has it): leave cold_data False")
     if cfg["real_data"]:
         data = load_dataset(cfg["dataset"], T)
         if data["max_token_id"] >= vocab:

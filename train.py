@@ -426,7 +426,8 @@ if __name__ == "__main__":
     if hellaswag_interval:
         hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])
         check_encodable(*hellaswag)
-    problem = compile_problem(device) if compile else None  # before the plan: a compiled loss holds less
+    # before the plan, as a compiled loss holds less; a dry run skips the test compile (seconds) and plans as compiled
+    problem = compile_problem(device) if compile and not dry_run else None
     if problem:
         print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
     # the memory plan: what training will hold per device, checked against what is free before anything is big
