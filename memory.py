@@ -93,7 +93,7 @@ def saved_bytes(config: GPTConfig, batch_size: int, dtype: torch.dtype, fused_at
 
 def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: int, parallelism: str,
          activation_checkpointing: bool, device_type: str, micro_steps: int = 1, fsdp_reduce: str = "micro_step",
-         training: bool = True, compiled: bool = False) -> dict:
+         training: bool = True, compiled: bool = False, loss_chunk: int | None = None) -> dict:
     """Bytes per device: weights, gradients, DDP's gradient buckets, optimizer state and activations of one
     micro-batch (with checkpointing: each block's input, plus one block's full activations while it is
     recomputed), and their total. Weights, gradients and optimizer state are fp32 whatever dtype is: autocast
@@ -107,8 +107,9 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
     backward (eval_activations). In 16 bits (not under FSDP) autocast keeps a 16-bit copy of every
     matmul's weight until its forward pass ends (its cache; and autograd saves them for backward):
     'weight_copies'. compiled: whether the model runs under torch.compile, whose fused loss holds less in
-    backward in 16 bits (see LOSS_BACKWARD)."""
-    config = model.config
+    backward in 16 bits (see LOSS_BACKWARD). loss_chunk: the training loss's rows per chunk, if not the
+    model's own (check_fits tries one)."""
+    config = model.config if loss_chunk is None else dataclasses.replace(model.config, loss_chunk=loss_chunk)
     n_params = sum(p.numel() for p in model.parameters())
     fp = getattr(torch, dtype)
     fsdp = world_size > 1 and parallelism == "fsdp"
@@ -193,6 +194,7 @@ def describe(parts: dict, free: int | None) -> str:
     return f"memory plan per device: {parts['total'] / GIB:.2f} GiB{room} ({breakdown(parts)})"
 
 
+LOSS_CHUNK_HINT = 4096  # the loss_chunk check_fits tries: 4096 rows of 50304 fp32 logits are 0.77 GiB
 AUTO_SHARE = 0.85  # batch_size='auto' plans into this share of the free memory: the plan is an estimate
 AUTO_LIMIT = 1024  # and tries no micro-batch past this many sequences
 
@@ -224,6 +226,8 @@ def check_fits(parts: dict, free: int | None, model: GPT, settings: dict):
                      "same tokens per step)")
     if training and not settings["activation_checkpointing"] and fits(activation_checkpointing=True):
         fixes.append("--activation_checkpointing=True")
+    if training and not model.config.loss_chunk and fits(loss_chunk=LOSS_CHUNK_HINT):  # the logits never whole
+        fixes.append(f"--loss_chunk={LOSS_CHUNK_HINT}")
     if world_size > 1 and settings["parallelism"] == "ddp" and fits(parallelism="fsdp"):
         fixes.append("--parallelism=fsdp")
     if world_size > 1 and settings["parallelism"] == "fsdp" and settings.get("fsdp_reduce") == "step" \

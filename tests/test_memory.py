@@ -194,6 +194,21 @@ def test_the_smaller_batch_it_suggests_keeps_the_tokens_per_step():
         check_fits(plan(model, **{**settings, "batch_size": 7}), totals[4], model, {**settings, "batch_size": 7})
 
 
+def test_a_run_whose_logits_do_not_fit_is_told_of_loss_chunk():
+    """At GPT-2's vocabulary the uncompiled loss is the peak (12 bytes a logit); loss_chunk never holds it whole."""
+    from common import UserError
+    from memory import LOSS_CHUNK_HINT, check_fits
+    with torch.device("meta"):
+        model = GPT(GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768, bias=False))
+    settings = dict(batch_size=16, dtype="bfloat16", optimizer="adamw", world_size=1, parallelism="ddp",
+                    activation_checkpointing=False, device_type="cuda")
+    chunked = plan(model, **settings, loss_chunk=LOSS_CHUNK_HINT)["total"]
+    # 16 x 1024 x 50304 logits at 12 bytes are 9.2 GiB; the chunks' (4096 rows, logits and gradient) 1.5 GiB
+    assert chunked < plan(model, **settings)["total"] - 7 * 2**30
+    with pytest.raises(UserError, match=rf"What fits: .*--loss_chunk={LOSS_CHUNK_HINT}"):
+        check_fits(plan(model, **settings), chunked + 2**20, model, settings)
+
+
 def test_an_fsdp_run_that_fits_only_when_reducing_every_micro_step_is_told_so():
     from common import UserError
     from memory import check_fits
