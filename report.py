@@ -205,7 +205,8 @@ class Reporter:
             print(json_text({"iter": it, "max_iters": max_iters, "loss": loss, "lr": lr, "tokens": tokens,
                               "tokens_per_sec": tokens_per_sec, "mfu": mfu, "grad_norm": grad_norm,
                               "elapsed_s": elapsed, "eta_s": eta}), flush=True)
-        if not self.eta_announced and 0 < steps_done >= min(10, max_iters - (it - steps_done)) and self.format == "text":
+        # announced once 10 steps are done, the untimed first one among them (so at iter 10 with log_interval 10)
+        if not self.eta_announced and 0 < steps_done >= min(9, max_iters - (it - steps_done)) and self.format == "text":
             self.eta_announced = True
             print(f"estimated time for the remaining {max_iters - it:,} steps: {format_duration(eta)} "
                   f"({train_time / steps_done * 1000:.1f} ms/step so far, evaluations not included)")

@@ -689,6 +689,8 @@ if __name__ == "__main__":
 
     # ---- summary
     steps_done = iter_num - timed_from  # the timed steps
+    if steps_done == 0 and first_step_s is not None:  # the session's only step: its time is all there is to go on
+        steps_done, train_time = 1, first_step_s
     report.summary({
         "iters": iter_num, "tokens": tokens_seen, "stopped_by_signal": stopped_by_signal, "skipped_steps": int(skipped_steps.item()),
         "final_train_loss": last_losses["train"] if last_losses else None,

@@ -182,6 +182,16 @@ def test_run_info_and_summary_files(char_data, tmp_path):
     assert re.search(r"^iter 1/8 .* ETA not known yet$", result.stdout, re.M)
 
 
+def test_a_session_of_one_step_takes_its_means_from_that_step(char_data, tmp_path):
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=1, eval_interval=1), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["mean_tokens_per_sec"] == pytest.approx(2 * 8 * 32 / summary["first_step_s"], rel=1e-6)
+    assert "no steps" not in result.stdout and re.search(r"at iter 1; [\d,]+ tok/s;", result.stdout)
+
+
 def test_help_shows_every_key_that_the_gpt2_config_sets(tmp_path):
     import ast
     result = run_script("train.py", "--help", cwd=str(tmp_path))
