@@ -126,13 +126,18 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
     settings = {key: value for key, value in scope.items() if not (
         key.startswith("_") or isinstance(value, types.ModuleType) or callable(value) or key in ignored
         or (key in imported and key not in config))}  # imports (from math import sqrt, pi), helpers and private
-    unknown = [key for key in settings if key not in (defaults or config)]  # names are the file's own business
-    if len(unknown) > 1:  # not a typo: a config file of another script, such as train.py's given to sample.py
-        run = scope.get("out_dir") if "out_dir" in config else None
-        hint = f"; for the run it trains, pass --out_dir={run}" if isinstance(run, str) else ""
+    known = defaults or config  # names are the file's own business
+    unknown = [key for key in settings if key not in known]
+    if sum(not difflib.get_close_matches(key, known, n=1) for key in unknown) >= 3:
+        # not typos (those get the closest key, below), but several names unlike any of this script's: a config file
+        # of another script, such as train.py's given to sample.py, whose out_dir (if it names one) this one wants
+        assigned = {target.id for node in run_statements(tree.body) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    for target in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(target, ast.Name)}
+        out_dir = scope.get("out_dir") if "out_dir" in assigned and "out_dir" in config else None
+        hint = f"; for the out_dir it names, pass --out_dir={out_dir}" if isinstance(out_dir, str) else ""
         raise UserError(f"config file '{path}' sets {len(unknown)} settings this script does not have ("
-                        f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): it is another script's "
-                        f"config{hint}; see --help for this one's")
+                        f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): it reads as another script's "
+                        f"config{hint}; see --help for this one's settings")
     return {key: _checked(key, value, defaults or config, f"config file '{path}'", autos)
             for key, value in settings.items() if key not in config or value is not config[key]}
 

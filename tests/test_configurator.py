@@ -74,6 +74,22 @@ def test_config_file_then_flag_in_order(tmp_path):
     assert config["batch_size"] == 8 and config["learning_rate"] == pytest.approx(64e-5)
 
 
+def test_a_config_file_of_another_script_is_named_so_and_typos_still_get_the_closest_key(tmp_path):
+    typos = tmp_path / "typos.py"
+    typos.write_text("learning_rat = 1e-3\nbatchsize = 8\nn_gpus = 8\n")  # two typos and a stray name
+    with pytest.raises(UserError, match="unknown config key 'learning_rat' .*did you mean 'learning_rate'"):
+        configure(DEFAULTS, [str(typos)])
+    other = tmp_path / "other.py"
+    other.write_text("out_dir = 'out-char'\neval_interval = 250\nn_layer = 6\nmax_iters = 5000\nbatch_size = 64\n")
+    with pytest.raises(UserError, match=r"'.*other.py' sets 3 settings this script does not have \(eval_interval, "
+                                        r"n_layer, max_iters\): it reads as another script's config; for the out_dir "
+                                        r"it names, pass --out_dir=out-char; see --help"):
+        configure(DEFAULTS, [str(other)])
+    other.write_text("eval_interval = 250\nn_layer = 6\nmax_iters = 5000\n")  # no out_dir of its own: no hint
+    with pytest.raises(UserError, match=r"another script's config; see --help for this one's settings$"):
+        configure(DEFAULTS, [str(other)])
+
+
 def test_config_file_errors(tmp_path):
     bad_key = tmp_path / "bad_key.py"
     bad_key.write_text("learning_rat = 1e-3\n")

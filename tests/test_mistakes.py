@@ -341,7 +341,7 @@ CASES = [
     # ---- sample.py
     Case("sample given train.py's config", "sample.py", [os.path.join(ROOT, "config", "train_shakespeare_char.py")],
          r"config file '.*train_shakespeare_char.py' sets \d+ settings this script does not have \(eval_interval, .*"
-         r"another script's config; for the run it trains, pass --out_dir=out-shakespeare-char;"),
+         r"another script's config; for the out_dir it names, pass --out_dir=out-shakespeare-char;"),
     Case("sample temperature<0", "sample.py", ["--out_dir={run}", "--device=cpu", "--temperature=-1"], r"temperature=-1.0 is not valid"),
     Case("sample top_k<0", "sample.py", ["--out_dir={run}", "--device=cpu", "--top_k=-1"], r"top_k=-1 is not valid"),
     Case("sample num_samples=0", "sample.py", ["--out_dir={run}", "--device=cpu", "--num_samples=0"], r"num_samples=0 is not valid"),
