@@ -4,11 +4,12 @@ GPT-2's BPE encoding through tiktoken, also on machines that cannot reach tiktok
 Routes, first that works: a rank file the caller names (or $NANOGPT_GPT2_TIKTOKEN), which is then also
 cached here for the scripts that take no such setting; a copy cached here before; tiktoken's own cache and
 download; the whisper/assets/gpt2.tiktoken file inside the openai-whisper source package on the Python package
-index (downloaded, never installed). The cached copy comes before any network, so a machine that has it never
-waits on a download host it cannot reach. Every rank file is checked against GPT-2's sha256, so each route gives
+index (downloaded, never installed). What a download gives is cached here too. The cached copy comes before any
+network, so a machine that has it never waits on a download host it cannot reach. Every rank file is checked against GPT-2's sha256, so each route gives
 the same ids, and only a checked one is cached: a damaged cached copy (a torn write, a full disk) is passed over
 and replaced by the next route that works. (Never removed: another rank may be putting a good copy in place.)
 """
+import base64
 import hashlib
 import os
 import subprocess
@@ -40,10 +41,15 @@ def is_gpt2_ranks(path: str) -> bool:
         return False
 
 
-def cache_ranks(src, dest: str):
-    """Write the bytes read from the file object src to dest (atomically, so other ranks see all or nothing), if
-    they are GPT-2's rank file; a UserError otherwise, with dest left as it was."""
-    data = src.read()
+def rank_file_bytes(encoding: tiktoken.Encoding) -> bytes:
+    """An encoding's rank file: each token's bytes in base64 and its rank, one per line, as gpt2.tiktoken has them
+    (its special tokens are not in it)."""
+    return b"".join(base64.b64encode(encoding.decode_single_token_bytes(i)) + b" %d\n" % i for i in range(EOT))
+
+
+def cache_ranks(data: bytes, dest: str):
+    """Write data to dest (atomically, so other ranks see all or nothing), if it is GPT-2's rank file; a
+    UserError otherwise, with dest left as it was."""
     if hashlib.sha256(data).hexdigest() != GPT2_SHA256:
         raise UserError(f"the rank file to be cached at {dest} is not GPT-2's (its sha256 is not "
                         f"{GPT2_SHA256[:12]}...)")
@@ -79,7 +85,7 @@ def fetch_from_whisper_sdist(dest: str):
         with tarfile.open(download_sdist(WHISPER_SDIST, tmp)) as tar:
             member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
             with tar.extractfile(member) as src:
-                cache_ranks(src, dest)
+                cache_ranks(src.read(), dest)
 
 
 def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
@@ -93,7 +99,7 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
         if not is_gpt2_ranks(cached):  # kept (or a damaged copy replaced) for the scripts that take no path
             try:
                 with open(rank_file, "rb") as src:
-                    cache_ranks(src, cached)
+                    cache_ranks(src.read(), cached)
             except OSError:  # a read-only home: the file given still serves this run
                 pass
         return encoding
@@ -104,9 +110,15 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
         print(f"warning: the cached {cached} is not GPT-2's rank file (damaged?): fetching it again", file=sys.stderr)
         failures.append(f"the cached {cached} is damaged")
     try:
-        return tiktoken.get_encoding("gpt2")
+        encoding = tiktoken.get_encoding("gpt2")
     except Exception as e:  # tiktoken raises whatever its HTTP client raises when offline
         failures.append(f"tiktoken download: {e.__class__.__name__}")
+    else:
+        try:  # cached here too, as tiktoken's own cache may be a temporary folder: later runs need no network
+            cache_ranks(rank_file_bytes(encoding), cached)
+        except (OSError, UserError):  # a read-only home, or ranks that are not GPT-2's file byte for byte
+            pass
+        return encoding
     if not is_gpt2_ranks(cached):  # not there above, but another rank may have fetched it while tiktoken failed
         try:
             fetch_from_whisper_sdist(cached)

@@ -116,12 +116,17 @@ def test_a_damaged_cached_rank_file_is_replaced_by_a_good_one(tmp_path, monkeypa
     with open(tokenizer.cache_path(), "rb") as cached:
         assert cached.read() == good
     assert gpt2_encoding().encode("hello world") == [31373, 995]  # the scripts that take no path
-    with pytest.raises(UserError, match="not GPT-2's"), open(tmp_path / "torn", "wb+") as torn:
-        torn.write(good[:100])
-        torn.seek(0)
-        tokenizer.cache_ranks(torn, tokenizer.cache_path())  # what the package index's copy goes through too
+    with pytest.raises(UserError, match="not GPT-2's"):
+        tokenizer.cache_ranks(good[:100], tokenizer.cache_path())  # what the other routes' copies go through too
     with open(tokenizer.cache_path(), "rb") as cached:
         assert cached.read() == good  # left as it was
+
+
+def test_an_encoding_written_back_as_a_rank_file_is_gpt2_tiktoken_byte_for_byte():
+    """How tiktoken's downloaded encoding is cached: it must pass the same sha256 check as any other copy."""
+    import tokenizer
+    with open(gpt2_rank_file(), "rb") as f:
+        assert tokenizer.rank_file_bytes(encoding_from_ranks(gpt2_rank_file())) == f.read()
 
 
 def test_a_damaged_cached_rank_file_is_named_when_no_route_replaces_it(tmp_path):
