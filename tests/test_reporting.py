@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from conftest import ROOT, read_metrics, run_script, tiny_args
+from report import read_summary
 
 
 @pytest.mark.slow
@@ -186,8 +187,7 @@ def test_a_session_of_one_step_takes_its_means_from_that_step(char_data, tmp_pat
     out = str(tmp_path / "out")
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=1, eval_interval=1), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    with open(os.path.join(out, "summary.json")) as f:
-        summary = json.load(f)
+    summary = read_summary(out)
     assert summary["mean_tokens_per_sec"] == pytest.approx(2 * 8 * 32 / summary["first_step_s"], rel=1e-6)
     assert "no steps" not in result.stdout and re.search(r"at iter 1; [\d,]+ tok/s;", result.stdout)
 
