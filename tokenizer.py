@@ -60,13 +60,22 @@ def cache_ranks(data: bytes, dest: str):
 
 def encoding_from_ranks(path: str) -> tiktoken.Encoding:
     """GPT-2's encoding built from a rank file, after checking it is GPT-2's."""
-    from tiktoken.load import load_tiktoken_bpe
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read the rank file {path} ({e.strerror or e}): give a readable gpt2.tiktoken") from None
+    return encoding_from_bytes(data, path)
+
+
+def encoding_from_bytes(data: bytes, source: str) -> tiktoken.Encoding:
+    """GPT-2's encoding built from the bytes of a rank file (from `source`, which an error names), after checking
+    they are GPT-2's. Each line is a token's bytes in base64 and its rank."""
     from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation regex
 
-    try:
-        ranks = load_tiktoken_bpe(path, expected_hash=GPT2_SHA256)  # tiktoken checks the sha256 itself
-    except ValueError:
-        raise UserError(f"{path} is not GPT-2's rank file (its sha256 is not {GPT2_SHA256[:12]}...)") from None
+    if hashlib.sha256(data).hexdigest() != GPT2_SHA256:
+        raise UserError(f"{source} is not GPT-2's rank file (its sha256 is not {GPT2_SHA256[:12]}...)")
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
     return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=EOT + 1)
 
@@ -79,13 +88,13 @@ def download_sdist(requirement: str, dest_dir: str) -> str:
     return os.path.join(dest_dir, next(name for name in os.listdir(dest_dir) if name.endswith(".tar.gz")))
 
 
-def fetch_from_whisper_sdist(dest: str):
-    """Copy whisper/assets/gpt2.tiktoken out of the openai-whisper sdist on the package index to dest."""
+def whisper_ranks() -> bytes:
+    """The bytes of whisper/assets/gpt2.tiktoken in the openai-whisper sdist on the package index (unchecked)."""
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(download_sdist(WHISPER_SDIST, tmp)) as tar:
             member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
             with tar.extractfile(member) as src:
-                cache_ranks(src.read(), dest)
+                return src.read()
 
 
 def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
@@ -119,16 +128,22 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
         except (OSError, UserError):  # a read-only home, or ranks that are not GPT-2's file byte for byte
             pass
         return encoding
-    if not is_gpt2_ranks(cached):  # not there above, but another rank may have fetched it while tiktoken failed
-        try:
-            fetch_from_whisper_sdist(cached)
-            print(f"GPT-2 rank file taken from the {WHISPER_SDIST} sdist on the package index, cached at {cached}",
-                  file=sys.stderr)
-        except (OSError, subprocess.SubprocessError, tarfile.TarError, StopIteration) as e:  # TarError: a torn sdist
-            failures.append(f"{WHISPER_SDIST} from the package index: {e.__class__.__name__}")
-            raise UserError(f"cannot load GPT-2's encoding ({'; '.join(failures)}): download gpt2.tiktoken "
-                               "(whisper/assets/ in openai-whisper) and set NANOGPT_GPT2_TIKTOKEN to its path") from e
-    return encoding_from_ranks(cached)
+    if is_gpt2_ranks(cached):  # another rank fetched it while tiktoken failed here
+        return encoding_from_ranks(cached)
+    try:
+        data = whisper_ranks()
+    except (OSError, subprocess.SubprocessError, tarfile.TarError, StopIteration) as e:  # TarError: a torn sdist
+        failures.append(f"{WHISPER_SDIST} from the package index: {e.__class__.__name__}")
+        raise UserError(f"cannot load GPT-2's encoding ({'; '.join(failures)}): download gpt2.tiktoken "
+                        "(whisper/assets/ in openai-whisper) and set NANOGPT_GPT2_TIKTOKEN to its path") from e
+    encoding = encoding_from_bytes(data, f"the whisper/assets/gpt2.tiktoken of {WHISPER_SDIST}")
+    try:
+        cache_ranks(data, cached)
+        where = f"cached at {cached}"
+    except OSError as e:  # a read-only home: the bytes downloaded still serve this run
+        where = f"not cached ({cached}: {e.strerror or e})"
+    print(f"GPT-2 rank file taken from the {WHISPER_SDIST} sdist on the package index, {where}", file=sys.stderr)
+    return encoding
 
 
 def encode_setting(encode, setting: str, text: str) -> list[int]:

@@ -66,9 +66,9 @@ def gpt2_rank_file() -> str:
     path = os.path.join(SHARED_DATA, "gpt2.tiktoken")
     if os.path.isfile(path):
         return path
-    from tokenizer import cache_path, fetch_from_whisper_sdist, is_gpt2_ranks
+    from tokenizer import cache_path, cache_ranks, is_gpt2_ranks, whisper_ranks
     if not is_gpt2_ranks(cache_path()):
-        fetch_from_whisper_sdist(cache_path())
+        cache_ranks(whisper_ranks(), cache_path())
     return cache_path()
 
 

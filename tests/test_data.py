@@ -123,10 +123,15 @@ def test_a_damaged_cached_rank_file_is_replaced_by_a_good_one(tmp_path, monkeypa
 
 
 def test_an_encoding_written_back_as_a_rank_file_is_gpt2_tiktoken_byte_for_byte():
-    """How tiktoken's downloaded encoding is cached: it must pass the same sha256 check as any other copy."""
+    """How tiktoken's downloaded encoding is cached: it must pass the same sha256 check as any other copy. And the
+    bytes of a download serve a run as they are where the cache cannot be written (a read-only home)."""
     import tokenizer
     with open(gpt2_rank_file(), "rb") as f:
-        assert tokenizer.rank_file_bytes(encoding_from_ranks(gpt2_rank_file())) == f.read()
+        data = f.read()
+    assert tokenizer.rank_file_bytes(encoding_from_ranks(gpt2_rank_file())) == data
+    assert tokenizer.encoding_from_bytes(data, "the download").encode("hello world") == [31373, 995]
+    with pytest.raises(UserError, match="^the download is not GPT-2's rank file"):
+        tokenizer.encoding_from_bytes(data[:-1], "the download")
 
 
 def test_a_damaged_cached_rank_file_is_named_when_no_route_replaces_it(tmp_path):
