@@ -232,6 +232,19 @@ def get_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int
     return min_lr + remaining * (learning_rate - min_lr)
 
 
+def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, schedule: str) -> str | None:
+    """What is odd about a schedule (get_lr's, with decay_lr) that the settings' rules allow: a warmup as long as
+    the run, which never reaches learning_rate (a quick run that kept GPT-2's 2000 steps of warmup), or one as long
+    as the decay, which drops from learning_rate to min_lr in one step; None when neither."""
+    if warmup_iters >= max_iters and warmup_iters > 0:
+        return (f"warmup_iters {warmup_iters} is not below max_iters {max_iters}: the learning rate never reaches "
+                "learning_rate in this run; lower warmup_iters")
+    if warmup_iters >= lr_decay_iters and warmup_iters > 0 and schedule != "constant":
+        return (f"warmup_iters {warmup_iters} is not below lr_decay_iters {lr_decay_iters}: the learning rate drops "
+                "from learning_rate to min_lr in one step after the warmup; raise lr_decay_iters (usually max_iters)")
+    return None
+
+
 @torch.no_grad()
 def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int = 0, world_size: int = 1,
                   splits=("train", "val")) -> dict[str, float]:
@@ -345,6 +358,10 @@ if __name__ == "__main__":
                             "set them to 0, and sample or evaluate the checkpoint with sample.py or eval.py")
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
     report.print(f"world size {world_size}, device {device}, dtype {dtype}")
+    odd_schedule = schedule_problem(warmup_iters, lr_decay_iters, max_iters, lr_schedule) \
+        if decay_lr and not eval_only else None
+    if odd_schedule and master_process:
+        print(f"warning: {odd_schedule}", file=sys.stderr)
     if device_type == "cpu" and master_process and hasattr(os, "getloadavg"):
         contention = cpu_contention(os.getloadavg()[0], os.cpu_count() or 1, torch.get_num_threads())
         if contention:

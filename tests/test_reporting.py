@@ -190,6 +190,7 @@ def test_a_session_of_one_step_takes_its_means_from_that_step(char_data, tmp_pat
     summary = read_summary(out)
     assert summary["mean_tokens_per_sec"] == pytest.approx(2 * 8 * 32 / summary["first_step_s"], rel=1e-6)
     assert "no steps" not in result.stdout and re.search(r"at iter 1; [\d,]+ tok/s;", result.stdout)
+    assert "warning: warmup_iters 5 is not below max_iters 1: the learning rate never reaches" in result.stderr
 
 
 def test_help_shows_every_key_that_the_gpt2_config_sets(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from model import GPT, GPTConfig
 from common import UserError, check_compile_mode, cpu_contention
 from dataset import Prefetcher, count_tokens, get_batch, larger_than_cache, load_dataset, read_batch
-from train import estimate_loss, get_lr
+from train import estimate_loss, get_lr, schedule_problem
 
 
 def write_tokens(path, n, dtype=np.uint16, start=0):
@@ -57,6 +57,15 @@ def test_wsd_cooldown_never_starts_inside_the_warmup():
     args = dict(learning_rate=1e-3, warmup_iters=50, lr_decay_iters=60, min_lr=0.0, schedule="wsd", cooldown_frac=0.5)
     assert get_lr(49, **args) == pytest.approx(1e-3 * 50 / 51) and get_lr(50, **args) == 1e-3
     assert get_lr(55, **args) == pytest.approx(0.5e-3)
+
+
+def test_a_warmup_as_long_as_the_run_or_the_decay_is_named():
+    assert schedule_problem(100, 5000, 5000, "cosine") is None and schedule_problem(0, 0, 10, "cosine") is None
+    assert schedule_problem(2000, 200, 200, "cosine").startswith(  # a quick run that kept GPT-2's warmup
+        "warmup_iters 2000 is not below max_iters 200: the learning rate never reaches learning_rate")
+    assert schedule_problem(100, 100, 1000, "wsd").startswith(
+        "warmup_iters 100 is not below lr_decay_iters 100: the learning rate drops from learning_rate to min_lr")
+    assert schedule_problem(100, 50, 1000, "constant") is None  # a constant schedule never decays
 
 
 def test_constant_schedule_warms_up_then_holds():
