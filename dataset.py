@@ -343,12 +343,14 @@ def token_map(path: str, dtype, random_access: bool = False) -> np.ndarray:
 
 
 def read_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
-               pin: bool = False, random_access: bool = False) -> tuple:
+               pin: bool = False, random_access: bool = False, limit: int | None = None) -> tuple:
     """batch_size random windows of a split, in host memory (pinned if pin; random_access: see token_map): inputs
     x and targets y = x shifted by one, both (B, T) int64. shards lists the split's token files as (path,
     n_tokens); a window lies within one file, and every possible window is equally likely. The offsets come from
     a generator seeded by `key` alone, e.g. (seed, 0, iter, micro_step), so a batch does not depend on how many
-    processes share the work, on what ran before it, or on which thread reads it."""
+    processes share the work, on what ran before it, or on which thread reads it. limit: a UserError for a token
+    id at or past it (the model's vocab_size), which meta.json's max_token_id promised away but a file changed
+    since can hold; on a GPU the embedding would fail with a device-side assert, not a line naming the file."""
     import torch  # here only: the prepare scripts and their worker processes use this module without torch
     starts = np.array([max(0, n - block_size) for _, n in shards])  # window starts per file
     ends = np.cumsum(starts)
@@ -361,6 +363,10 @@ def read_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size
         data = token_map(shards[f][0], dtype, random_access)
         hit = file_of == f
         rows[hit] = data[offsets[hit, None] + np.arange(block_size + 1)]
+        if limit is not None and rows[hit].max() >= limit:
+            raise UserError(f"{shards[f][0]} holds token id {int(rows[hit].max())}, out of range for the model's "
+                            f"vocab_size {limit}: the file changed since its meta.json was written; prepare the "
+                            "dataset again")
     rows = torch.from_numpy(rows)
     x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
     return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
@@ -372,11 +378,11 @@ def to_device(batch: tuple, device: str) -> tuple:
 
 
 def get_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size: int, key: tuple[int, ...],
-              device: str, random_access: bool = False) -> tuple:
+              device: str, random_access: bool = False, limit: int | None = None) -> tuple:
     """read_batch's batch, read now in this thread, on the device."""
     import torch
     pin = torch.device(device).type == "cuda"
-    return to_device(read_batch(shards, dtype, batch_size, block_size, key, pin, random_access), device)
+    return to_device(read_batch(shards, dtype, batch_size, block_size, key, pin, random_access, limit), device)
 
 
 class Prefetcher:

@@ -396,11 +396,11 @@ if __name__ == "__main__":
         it, micro_step = step_and_micro_step
         key = (seed, 0, it, rank * accum_steps + micro_step)
         return read_batch(data["splits"]["train"], data["dtype"], batch_size, block_size, key, device_type == "cuda",
-                          data["random_access"])
+                          data["random_access"], token_limit)
 
     def eval_batch(split, k):
         return get_batch(data["splits"][split], data["dtype"], batch_size, block_size, eval_key(split, k), device,
-                         data["random_access"])
+                         data["random_access"], token_limit)
 
     # ---- model init
     iter_num, tokens_seen, best_val_loss, best_iter = 0, 0, float("inf"), None
@@ -435,6 +435,7 @@ if __name__ == "__main__":
     if data["max_token_id"] >= model.config.vocab_size:
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
+    token_limit = model.config.vocab_size  # every batch read is checked against it too (see read_batch)
     # from the run's vocabulary, now settled: without meta.pkl, the characters of the checkpoint started from
     codec = codec_of(data["vocabulary"]) if hellaswag_interval or (sample_interval and master_process) else None
     if sample_interval:  # a prompt the dataset cannot encode fails now, not at the first sample

@@ -94,6 +94,13 @@ def wide_train_bin(folder):
     tokens.astype(np.uint32).tofile(path)
 
 
+def stray_token(folder):
+    """A token id past the vocabulary written into train.bin after meta.json (whose max_token_id is trusted)."""
+    tokens = np.fromfile(os.path.join(folder, "train.bin"), dtype=np.uint16)
+    tokens[::50] = 70
+    tokens.tofile(os.path.join(folder, "train.bin"))
+
+
 def other_vocabulary(tmp, run, data):
     load_module("data/shakespeare_char/prepare.py").prepare(made_up_text(7, 300, 6, 20_000).upper(),
                                                             os.path.join(tmp, "other"))
@@ -311,6 +318,9 @@ CASES = [
     Case("legacy train.bin uint32", "train.py", [*TRAIN, "--dataset={tmp}/other"],
          r"train.bin looks like uint32 tokens \(every second uint16 is 0\), but without meta.json",
          setup=copy_dataset(wide_train_bin)),
+    Case("token id past the vocabulary", "train.py", [*TRAIN, "--dataset={tmp}/other", "--out_dir={tmp}/new"],
+         r"train.bin holds token id 70, out of range for the model's vocab_size \d+: the file changed since its "
+         r"meta.json was written", setup=copy_dataset(stray_token)),
     Case("token file torn", "train.py", [*TRAIN, "--dataset={tmp}/other"], r"val.bin is \d+ bytes, not a whole number of 2-byte",
          setup=copy_dataset(lambda d: open(os.path.join(d, "val.bin"), "ab").write(b"\x01"))),
     Case("block_size past val", "train.py", [*TRAIN, "--block_size=100000"], r"block_size 100000 is not shorter than the val split"),
