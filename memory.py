@@ -57,8 +57,10 @@ def saved_bytes(config: GPTConfig, batch_size: int, dtype: torch.dtype, fused_at
     tokens, traced on the meta device. Parameters and buffers are not counted: they exist anyway.
     fused_attention: whether the device's attention kernel is a fused one (see FusedAttention). Returns the
     total and the largest single tensor."""
+    # the chunked loss saves its inputs and a float per row, whatever its chunk: traced as one chunk, not thousands
+    chunk = batch_size * config.block_size if config.loss_chunk else 0
     with torch.device("meta"):
-        model = GPT(dataclasses.replace(config, activation_checkpointing=False)).to(dtype)
+        model = GPT(dataclasses.replace(config, activation_checkpointing=False, loss_chunk=chunk)).to(dtype)
     model.train()
     own = {id(t) for t in (*model.parameters(), *model.buffers())}
     kept = {}  # id -> tensor, held so that ids stay unique; views are counted once, through their base
