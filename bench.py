@@ -279,18 +279,27 @@ def gpt_config(cfg: dict) -> GPTConfig:
     return GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, **{k: cfg[k] for k in MODEL_KEYS})
 
 
-def auto_batch(cfg: dict, compiled: bool) -> int:
-    """batch_size='auto' as train.py takes it for one process: the largest power-of-two micro-batch whose memory
-    plan fits in memory.AUTO_SHARE of the device's free memory. compiled: whether the step runs compiled."""
+def planned_batch(cfg: dict, compiled: bool) -> int:
+    """The micro-batch of cfg by its memory plan, as train.py plans a run of one process (compiled: whether the
+    step runs compiled). batch_size='auto': the largest power of two whose plan fits in memory.AUTO_SHARE of the
+    device's free memory. A number: itself, checked on a CPU, where a step past the free memory would have the
+    kernel kill the process and every config's figures with it (a GPU's out-of-memory error is reported, and
+    left out of the comparison, as any failing config's)."""
     from common import resolve_dtype
-    from memory import free_bytes, largest_batch
+    from memory import check_fits, free_bytes, largest_batch, plan
     device_type = check_device(cfg["device"])
+    if cfg["batch_size"] != "auto" and device_type != "cpu":
+        return cfg["batch_size"]
     with torch.device("meta"):  # the plan needs the shapes only
         model = GPT(gpt_config(cfg))
     free = free_bytes(cfg["device"])
     settings = dict(dtype=resolve_dtype(cfg["dtype"], device_type), optimizer=cfg["optimizer"], world_size=1,
                     parallelism="ddp", activation_checkpointing=cfg["activation_checkpointing"], device_type=device_type,
                     compiled=compiled)
+    if cfg["batch_size"] != "auto":
+        settings["batch_size"] = cfg["batch_size"]
+        check_fits(plan(model, **settings), free, model, settings)
+        return cfg["batch_size"]
     batch = largest_batch(model, settings, free) if free is not None else None
     if batch is None:
         raise UserError("batch_size='auto' found no micro-batch that fits" + ("" if free is None else
@@ -330,9 +339,10 @@ def build(cfg: dict) -> dict:
     problem = compile_problem(cfg["device"]) if cfg["compile"] else None  # before the plan: a compiled loss holds less
     if problem:
         print(f"warning: compile=True but {problem}: timing without torch.compile", file=sys.stderr)
+    batch = planned_batch(cfg, cfg["compile"] and not problem)
     if cfg["batch_size"] == "auto":
-        cfg = {**cfg, "batch_size": auto_batch(cfg, cfg["compile"] and not problem)}
-        print(f"batch_size auto: {cfg['batch_size']} sequences per micro-step")
+        print(f"batch_size auto: {batch} sequences per micro-step")
+    cfg = {**cfg, "batch_size": batch}
     device = cfg["device"]
     device_type, dtype, ctx, model = model_of(cfg)
     vocab = model.config.vocab_size

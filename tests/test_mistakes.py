@@ -443,6 +443,9 @@ CASES = [
     # ---- bench.py
     Case("bench batch_size=0", "bench.py", ["--device=cpu", "--batch_size=0"], r"batch_size=0 is not valid"),
     Case("bench mode", "bench.py", ["--mode=fast"], r"mode='fast' is not valid"),
+    # on a CPU a step past the free memory would have the kernel kill bench.py, with every config's figures
+    Case("bench batch past the free memory", "bench.py", ["--device=cpu", "--compile=False", "--batch_size=999983"],  # prime: few plans to try
+         r"this run needs about [\d.]+ GiB per device but [\d.]+ GiB is free .*it would run out of memory"),
     Case("bench compare quotes", "bench.py", ["--device=cpu", "--compare=--dtype='float32"],
          r"compare=.* cannot be read as flags"),
     Case("bench compare a timing setting", "bench.py", ["--device=cpu", "--compare=--mode=generate"],
