@@ -265,11 +265,12 @@ def with_own_settings(optimizer: torch.optim.Optimizer, state: dict) -> dict:
     return {**state, "param_groups": [{**saved, **mine} for saved, mine in zip(state["param_groups"], own)]}
 
 
-def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str = ""):
-    """Model settings (shape and architecture) that the user changed from the defaults must agree with those of
-    the model a run resumes (source '') or starts from (source: its init_from; train.py checks block_size then)."""
+def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str = "", given=()):
+    """Model settings (shape and architecture) that the user changed from the defaults, or gave at all (`given`:
+    the keys set by a flag or config file, see configurator.given_keys), must agree with those of the model a run
+    resumes (source '') or starts from (source: its init_from; train.py checks block_size then)."""
     saved = architecture(model_args)
-    keys = [k for k in saved if k in config and config[k] != defaults[k] and config[k] != saved[k]
+    keys = [k for k in saved if k in config and (config[k] != defaults[k] or k in given) and config[k] != saved[k]
             and not (source and k == "block_size")]  # a model started from: its context may be cropped
     clashes = [f"{k}={config[k]!r} ({source or 'checkpoint'}: {saved[k]!r})" for k in keys]
     if clashes and not source:  # the settings may come from a config file, where dropping them is no answer

@@ -83,6 +83,26 @@ def run_statements(body: list):
                 yield from run_statements(block)
 
 
+def assigned_names(tree: ast.Module) -> set[str]:
+    """The names a config file's statements assign (`x = ...`, `x: int = ...`, `x += ...`) when it is loaded."""
+    return {target.id for node in run_statements(tree.body) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+            for target in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(target, ast.Name)}
+
+
+def given_keys(argv: list[str]) -> set[str]:
+    """The settings that argv sets explicitly, whatever their value: its flags' keys and the names its config files
+    assign (run after configure, which has checked both). A value given equal to the default still counts, as
+    a choice the user made (e.g. --pos_emb=learned against a checkpoint trained with rope)."""
+    keys = set()
+    for arg in argv:
+        if arg.startswith("--"):
+            keys.add(arg[2:].partition("=")[0])
+        else:
+            with open(arg, encoding="utf-8-sig") as f:
+                keys |= assigned_names(ast.parse(f.read(), arg))
+    return keys
+
+
 def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | None = None) -> dict:
     """Run a config file with the current settings (config) in scope and return the settings it changed, typed
     as `defaults` (None: config itself); keys in `ignored` are accepted and dropped, keys in `autos` may be 'auto'."""
@@ -131,9 +151,7 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
     if sum(not difflib.get_close_matches(key, known, n=1) for key in unknown) >= 3:
         # not typos (those get the closest key, below), but several names unlike any of this script's: a config file
         # of another script, such as train.py's given to sample.py, whose out_dir (if it names one) this one wants
-        assigned = {target.id for node in run_statements(tree.body) if isinstance(node, (ast.Assign, ast.AnnAssign))
-                    for target in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(target, ast.Name)}
-        out_dir = scope.get("out_dir") if "out_dir" in assigned and "out_dir" in config else None
+        out_dir = scope.get("out_dir") if "out_dir" in assigned_names(tree) and "out_dir" in config else None
         hint = f"; for the out_dir it names, pass --out_dir={out_dir}" if isinstance(out_dir, str) else ""
         raise UserError(f"config file '{path}' sets {len(unknown)} settings this script does not have ("
                         f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): it reads as another script's "

@@ -271,6 +271,7 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
 if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)  # types and each setting's rule
+    given = configurator.given_keys(sys.argv[1:])  # set by the user, if to a default (see check_same_shape)
     check_init_from(config["init_from"], ("scratch", "resume"))
     if config["resume_from"] != "ckpt.pt" and (config["init_from"] != "resume" or os.path.basename(
             config["resume_from"]) != config["resume_from"]):
@@ -297,7 +298,7 @@ if __name__ == "__main__":
         if config["init_from"] == "resume":  # the checkpoint fixes the model's shape: read it before anything uses it
             ckpt_path = checkpoint_file(config["out_dir"], config["resume_from"])
             checkpoint = load_checkpoint(ckpt_path)  # every process reads it, where it sees out_dir
-            check_same_shape(checkpoint["model_args"], config, config_defaults)
+            check_same_shape(checkpoint["model_args"], config, config_defaults, given=given)
             if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"] and not config["eval_only"]:
                 raise UserError(f"checkpoint {ckpt_path} was trained with optimizer="
                                 f"{checkpoint['config'].get('optimizer', 'adamw')}, not {config['optimizer']}: resume "
@@ -418,7 +419,7 @@ if __name__ == "__main__":
         model.config.loss_chunk, model.config.activation_checkpointing = loss_chunk, activation_checkpointing
         for k in (*SHAPE_KEYS, *ARCH_KEYS):
             model_args[k] = getattr(model.config, k)
-        check_same_shape(model_args, config, config_defaults, init_from)
+        check_same_shape(model_args, config, config_defaults, init_from, given)
         arch = {k: v for k, v in architecture(model_args).items() if k in config and k != "block_size"}
         config.update(arch)  # config.json and run.json record the model trained, not the defaults
         globals().update(arch)

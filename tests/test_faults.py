@@ -671,6 +671,11 @@ def test_resume_takes_the_shape_from_the_checkpoint_when_not_given(char_data, tm
                         "--init_from=resume", "--max_iters=6", "--eval_iters=2", "--batch_size=4", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "starting at iteration 4" in result.stdout and "x 32 tokens" in result.stdout  # block_size 32, not 1024
+    # given, though at its default, it is a choice that contradicts the checkpoint: refused, not silently dropped
+    given = run_script("train.py", f"--dataset={char_data}", f"--out_dir={out}", "--device=cpu", "--compile=False",
+                       "--init_from=resume", "--max_iters=8", "--block_size=1024", cwd=str(tmp_path))
+    assert given.returncode != 0
+    assert "another model shape: block_size=1024 (checkpoint: 32); give the checkpoint's (--block_size=32)" in given.stderr
 
 
 def test_a_ctrl_c_before_training_starts_is_one_line_not_a_traceback():
