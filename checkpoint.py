@@ -129,17 +129,20 @@ def check_same_checkpoint(checkpoint: dict, path: str, world_size: int):
                         "nodes share, not on each node's own disk")
 
 
-def check_vocabulary(saved: dict | None, vocabulary: dict, dataset: str, path: str) -> dict:
+def check_vocabulary(saved: dict | None, vocabulary: dict, dataset: str, path: str, resuming: bool = True) -> dict:
     """A run from a checkpoint's weights must read its tokens as the checkpoint's run did (saved: the vocabulary
     the checkpoint keeps): the same tokenizer and, for a character dataset, the same characters in the same
     order. Checkpoints from before this was saved (None) pass. Returns the run's vocabulary: the dataset's, with
-    what it does not say (nanoGPT's layout without meta.pkl) taken from the checkpoint, so no save loses it."""
+    what it does not say (nanoGPT's layout without meta.pkl) taken from the checkpoint, so no save loses it.
+    resuming: the run continues the checkpoint's (else it starts from its weights), for the fix the error names."""
     saved = saved or {}
     for key in ("tokenizer", "chars"):
         if saved.get(key) is not None and vocabulary.get(key) is not None and saved[key] != vocabulary[key]:
             what = {"tokenizer": lambda v: f"tokenizer {v}", "chars": lambda v: f"{len(v)} characters {v[:12]!r}..."}[key]
             raise UserError(f"dataset {dataset} has {what(vocabulary[key])} but checkpoint {path} was trained on "
-                            f"{what(saved[key])}: resume on the run's own dataset, or start a new run")
+                            f"{what(saved[key])}: " + ("resume on the run's own dataset, or start a new run" if
+                                                       resuming else "train it on data prepared as its own was, or "
+                                                       "start from scratch"))
     if vocabulary.get("tokenizer") is not None:  # the dataset says: its chars are its own (None for BPE)
         return vocabulary
     return {"tokenizer": saved.get("tokenizer"), "chars": saved.get("chars")}

@@ -415,7 +415,7 @@ if __name__ == "__main__":
         model = GPT(GPTConfig(**model_args))  # its state is restored with the optimizer's, below
     else:  # weights to start from: GPT-2 by name, a transformers folder, or a checkpoint file (ours or nanoGPT's)
         model, start_vocabulary, start_optimizer = load_pretrained(init_from, dropout)
-        data["vocabulary"] = check_vocabulary(start_vocabulary, data["vocabulary"], dataset, init_from)
+        data["vocabulary"] = check_vocabulary(start_vocabulary, data["vocabulary"], dataset, init_from, resuming=False)
         model.config.loss_chunk, model.config.activation_checkpointing = loss_chunk, activation_checkpointing
         for k in (*SHAPE_KEYS, *ARCH_KEYS):
             model_args[k] = getattr(model.config, k)

@@ -272,7 +272,12 @@ CASES = [
     Case("model_args lacks a key", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"lacks \[\"model_args\['n_head'\]\"\]",
          setup=edit_checkpoint(lambda c: c["model_args"].pop("n_head"))),
     Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],
-         r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters", setup=other_vocabulary),
+         r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters.*: resume on the run's "
+         r"own dataset, or start a new run$", setup=other_vocabulary),
+    Case("init_from on another vocabulary", "train.py", [*TRAIN, "--dataset={tmp}/other", "--out_dir={tmp}/new",
+                                                         "--init_from={run}/ckpt.pt"],
+         r"but checkpoint .*ckpt.pt was trained on \d+ characters .*: train it on data prepared as its own was, or "
+         r"start from scratch$", setup=other_vocabulary),
     Case("full disk at checkpoint", "train.py", RESUME,
          r"could not write checkpoint .*ckpt.pt \(.*\): the previous checkpoint is unchanged",
          runner=file_size_limit(48_000), may_change=RUN_LOGS),
