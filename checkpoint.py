@@ -95,7 +95,8 @@ def load_checkpoint(path: str) -> dict:
     """A checkpoint written by save_checkpoint, read without running code from it and onto the CPU (so
     resuming does not spike GPU memory); a UserError when it is missing, unreadable or of another format."""
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}: check out_dir (init_from='resume' continues a run saved there)")
+        raise UserError(f"no checkpoint at {path}: check out_dir (init_from='resume' continues a run saved there)"
+                        + kept_hint(os.path.dirname(path), "--resume_from"))
     checkpoint = read_file(path)
     missing = sorted(CHECKPOINT_KEYS - set(checkpoint)) if isinstance(checkpoint, dict) else ["everything"]
     if not missing and isinstance(checkpoint["model_args"], dict):
@@ -209,6 +210,14 @@ def kept_name(iter_num: int) -> str:
     return f"ckpt_{iter_num:07d}.pt"
 
 
+def kept_hint(folder: str, setting: str) -> str:
+    """Where a checkpoint is missing (ckpt.pt moved away to go back, say): the kept steps in its folder, and the
+    setting that names one; '' when there are none."""
+    kept = sorted((n for n in os.listdir(folder or ".") if kept_step(n) >= 0), key=kept_step) \
+        if os.path.isdir(folder or ".") else []
+    return f"; {folder or '.'} keeps {', '.join(kept[-3:])}: {setting}={kept[-1]} reads the last" if kept else ""
+
+
 def kept_step(name: str) -> int:
     """The step a kept checkpoint's file name gives (ckpt_0000900.pt, or ckpt_900.pt unpadded); -1 for another name."""
     digits = name[5:-3] if name.startswith("ckpt_") and name.endswith(".pt") else ""
@@ -236,7 +245,8 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     """The model that sample.py, export.py and eval.py read: the checkpoint at ckpt_path with init_from='resume',
     else what init_from names (see load_pretrained); and its vocabulary (None: GPT-2's BPE)."""
     if init_from == "resume" and not os.path.isfile(ckpt_path):
-        raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint")
+        raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint"
+                        + kept_hint(os.path.dirname(ckpt_path), "--checkpoint"))
     source = ckpt_path if init_from == "resume" else init_from
     model, vocab, _ = load_pretrained(source, 0.0)
     if vocab is None and model.config.vocab_size < 50257:

@@ -271,6 +271,10 @@ CASES = [
          r"was trained with optimizer=adamw, not muon: resume with that optimizer"),
     Case("model_args lacks a key", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"lacks \[\"model_args\['n_head'\]\"\]",
          setup=edit_checkpoint(lambda c: c["model_args"].pop("n_head"))),
+    Case("resume with ckpt.pt moved away", "train.py", [*RESUME, "--out_dir={tmp}/moved"],
+         r"no checkpoint at .*moved/ckpt.pt: .*moved keeps ckpt_0000004.pt: --resume_from=ckpt_0000004.pt reads the last$",
+         setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "moved")),
+                                       shutil.copy(os.path.join(run, "ckpt.pt"), os.path.join(tmp, "moved", "ckpt_0000004.pt")))),
     Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],
          r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters.*: resume on the run's "
          r"own dataset, or start a new run$", setup=other_vocabulary),
