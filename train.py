@@ -280,7 +280,7 @@ if __name__ == "__main__":
                         "or use --init_from=PATH to start a new run from a checkpoint's weights")
     if config["eval_only"] and config["init_from"] == "scratch":
         raise UserError("eval_only=True evaluates a trained model: give --init_from=resume (the checkpoint in "
-                        "out_dir) or a GPT-2 model")
+                        "out_dir), a GPT-2 name, a transformers folder or a checkpoint file")
     ranks = launcher_ranks(os.environ)  # checked before anything else, so a bad environment is one line
     node_processes = local_processes(os.environ)  # on a CPU they share the host's memory (see the memory plan)
     master_process = ranks is None or ranks[0] == 0  # only rank 0 writes files and prints
