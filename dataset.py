@@ -362,9 +362,9 @@ def read_batch(shards: list[tuple[str, int]], dtype, batch_size: int, block_size
     for f in np.unique(file_of):  # one gather per file, none per row
         data = token_map(shards[f][0], dtype, random_access)
         hit = file_of == f
-        rows[hit] = data[offsets[hit, None] + np.arange(block_size + 1)]
-        if limit is not None and rows[hit].max() >= limit:
-            raise UserError(f"{shards[f][0]} holds token id {int(rows[hit].max())}, out of range for the model's "
+        rows[hit] = window = data[offsets[hit, None] + np.arange(block_size + 1)]
+        if limit is not None and window.max() >= limit:
+            raise UserError(f"{shards[f][0]} holds token id {int(window.max())}, out of range for the model's "
                             f"vocab_size {limit}: the file changed since its meta.json was written; prepare the "
                             "dataset again")
     rows = torch.from_numpy(rows)
