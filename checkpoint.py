@@ -280,7 +280,7 @@ def with_own_settings(optimizer: torch.optim.Optimizer, state: dict) -> dict:
 
 def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str = "", given=()):
     """Model settings (shape and architecture) that the user changed from the defaults, or gave at all (`given`:
-    the keys set by a flag or config file, see configurator.given_keys), must agree with those of the model a run
+    the keys set by a flag or config file, see configurator.configure), must agree with those of the model a run
     resumes (source '') or starts from (source: its init_from; train.py checks block_size then)."""
     saved = architecture(model_args)
     keys = [k for k in saved if k in config and (config[k] != defaults[k] or k in given) and config[k] != saved[k]

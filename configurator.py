@@ -83,29 +83,24 @@ def run_statements(body: list):
                 yield from run_statements(block)
 
 
-def assigned_names(tree: ast.Module) -> set[str]:
-    """The names a config file's statements assign (`x = ...`, `x: int = ...`, `x += ...`) when it is loaded."""
-    return {target.id for node in run_statements(tree.body) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-            for target in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(target, ast.Name)}
+class Namespace(dict):
+    """A config file's namespace that records the names its statements assign as they run (a branch not taken
+    assigns nothing): exec stores a module's names through __setitem__ where the namespace is not a plain dict."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.assigned = set()
+
+    def __setitem__(self, key, value):
+        self.assigned.add(key)
+        super().__setitem__(key, value)
 
 
-def given_keys(argv: list[str]) -> set[str]:
-    """The settings that argv sets explicitly, whatever their value: its flags' keys and the names its config files
-    assign (run after configure, which has checked both). A value given equal to the default still counts, as
-    a choice the user made (e.g. --pos_emb=learned against a checkpoint trained with rope)."""
-    keys = set()
-    for arg in argv:
-        if arg.startswith("--"):
-            keys.add(arg[2:].partition("=")[0])
-        else:
-            with open(arg, encoding="utf-8-sig") as f:
-                keys |= assigned_names(ast.parse(f.read(), arg))
-    return keys
-
-
-def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | None = None) -> dict:
+def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | None = None,
+               given: set | None = None) -> dict:
     """Run a config file with the current settings (config) in scope and return the settings it changed, typed
-    as `defaults` (None: config itself); keys in `ignored` are accepted and dropped, keys in `autos` may be 'auto'."""
+    as `defaults` (None: config itself); keys in `ignored` are accepted and dropped, keys in `autos` may be 'auto'.
+    given: a set to add the settings the file assigned to, whatever their value (see configure)."""
     if os.path.isdir(path):
         run = f"; for the run in it, pass --out_dir={path}" if "out_dir" in config else ""
         raise UserError(f"'{path}' is a folder, not a config file: settings are given as --key=value{run}")
@@ -134,7 +129,7 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
                        for n in ast.walk(node.value)))):
             raise UserError(f"config file '{path}' line {node.lineno}: {ast.get_source_segment(source, node)!r} "
                             "sets nothing: a setting is `key = value`")
-    scope = dict(config)
+    scope = Namespace(config)
     try:
         exec(code, scope)
     except Exception as e:  # a config file is user code: whatever it raises is the user's to fix
@@ -151,20 +146,26 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
     if sum(not difflib.get_close_matches(key, known, n=1) for key in unknown) >= 3:
         # not typos (those get the closest key, below), but several names unlike any of this script's: a config file
         # of another script, such as train.py's given to sample.py, whose out_dir (if it names one) this one wants
-        out_dir = scope.get("out_dir") if "out_dir" in assigned_names(tree) and "out_dir" in config else None
+        out_dir = scope.get("out_dir") if "out_dir" in scope.assigned and "out_dir" in config else None
         hint = f"; for the out_dir it names, pass --out_dir={out_dir}" if isinstance(out_dir, str) else ""
         raise UserError(f"config file '{path}' sets {len(unknown)} settings this script does not have ("
                         f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): it reads as another script's "
                         f"config{hint}; see --help for this one's settings")
+    if given is not None:
+        given |= scope.assigned & set(settings)
     return {key: _checked(key, value, defaults or config, f"config file '{path}'", autos)
             for key, value in settings.items() if key not in config or value is not config[key]}
 
 
-def configure(config: dict, argv: list[str], script: str | None = None, ignored=(), check: bool = True) -> dict:
+def configure(config: dict, argv: list[str], script: str | None = None, ignored=(), check: bool = True,
+              given: set | None = None) -> dict:
     """Return a copy of config with the config files and --key=value flags in argv applied in order, then
     check the rules of `script`'s settings (unless not `check`: a first reading whose result picks the
     defaults of the real one). Keys in `ignored` (another script's settings that this one has no use for) are
-    accepted and dropped. With --help (or -h) in argv, print the settings of `script` (see describe) and exit."""
+    accepted and dropped. With --help (or -h) in argv, print the settings of `script` (see describe) and exit.
+    given: a set to add the settings that argv sets explicitly to, a value equal to the default included (a
+    choice, e.g. --pos_emb=learned against a checkpoint trained with rope): its flags, and what its config files
+    assign as they run."""
     if script is not None and ("--help" in argv or "-h" in argv):
         print(describe(script, config))
         sys.exit(0)
@@ -173,7 +174,7 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
     autos = {k for k, rule in setting_rules.items() if "'auto'" in rule and type(config[k]) is not str}
     for arg in argv:
         if not arg.startswith("--"):
-            config.update(apply_file(arg, config, ignored, autos, defaults))
+            config.update(apply_file(arg, config, ignored, autos, defaults, given))
             continue
         key, sep, raw = arg[2:].partition("=")  # split on the first '=' only: --wandb_run_name=lr=3e-4
         if not sep:
@@ -181,6 +182,8 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
         if key in ignored:
             continue
         config[key] = _checked(key, parse_value(raw, defaults.get(key)), defaults, f"flag '{arg}'", autos)
+        if given is not None:
+            given.add(key)
     if check:
         check_rules(config, setting_rules)
     return config

@@ -270,8 +270,8 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
 
 if __name__ == "__main__":
     sys.excepthook = excepthook
-    config = configurator.configure(config_defaults, sys.argv[1:], __file__)  # types and each setting's rule
-    given = configurator.given_keys(sys.argv[1:])  # set by the user, if to a default (see check_same_shape)
+    given = set()  # the settings the user set, if to their default (see check_same_shape)
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__, given=given)  # types, each setting's rule
     check_init_from(config["init_from"], ("scratch", "resume"))
     if config["resume_from"] != "ckpt.pt" and (config["init_from"] != "resume" or os.path.basename(
             config["resume_from"]) != config["resume_from"]):

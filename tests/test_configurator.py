@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from configurator import UserError, check_rules, configure, describe, given_keys, rules
+from configurator import UserError, check_rules, configure, describe, rules
 from conftest import run_script
 
 DEFAULTS = {"batch_size": 12, "learning_rate": 6e-4, "compile": True, "wandb_run_name": "gpt2", "out_dir": "out"}
@@ -90,11 +90,14 @@ def test_a_config_file_of_another_script_is_named_so_and_typos_still_get_the_clo
         configure(DEFAULTS, [str(other)])
 
 
-def test_given_keys_are_the_flags_and_what_config_files_assign_whatever_the_value(tmp_path):
+def test_given_keys_are_the_flags_and_what_config_files_assign_as_they_run_whatever_the_value(tmp_path):
     exp = tmp_path / "exp.py"
     exp.write_text("import math\nbatch_size = 12  # the default, still a choice\nif True:\n    compile = False\n"
-                   "def helper():\n    out_dir = 'never run'\n")
-    assert given_keys([str(exp), "--learning_rate=6e-4"]) == {"batch_size", "compile", "learning_rate"}  # not imports
+                   "if out_dir == 'elsewhere':\n    learning_rate = 1.0  # a branch not taken sets nothing\n"
+                   "def helper():\n    wandb_run_name = 'never run'\n")
+    given = set()
+    configure(DEFAULTS, [str(exp), "--out_dir=out"], given=given)
+    assert given == {"batch_size", "compile", "out_dir"}  # not imports, helpers, or what a skipped branch assigns
 
 
 def test_config_file_errors(tmp_path):
