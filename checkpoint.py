@@ -96,7 +96,7 @@ def load_checkpoint(path: str) -> dict:
     resuming does not spike GPU memory); a UserError when it is missing, unreadable or of another format."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}: check out_dir (init_from='resume' continues a run saved there)"
-                        + kept_hint(os.path.dirname(path), "--resume_from"))
+                        + kept_hint(os.path.dirname(path), "--resume_from", True))
     checkpoint = read_file(path)
     missing = sorted(CHECKPOINT_KEYS - set(checkpoint)) if isinstance(checkpoint, dict) else ["everything"]
     if not missing and isinstance(checkpoint["model_args"], dict):
@@ -142,8 +142,7 @@ def check_vocabulary(saved: dict | None, vocabulary: dict, dataset: str, path: s
             what = {"tokenizer": lambda v: f"tokenizer {v}", "chars": lambda v: f"{len(v)} characters {v[:12]!r}..."}[key]
             raise UserError(f"dataset {dataset} has {what(vocabulary[key])} but checkpoint {path} was trained on "
                             f"{what(saved[key])}: " + ("resume on the run's own dataset, or start a new run" if
-                                                       resuming else "train it on data prepared as its own was, or "
-                                                       "start from scratch"))
+                                                       resuming else "give a dataset prepared as the model's own was"))
     if vocabulary.get("tokenizer") is not None:  # the dataset says: its chars are its own (None for BPE)
         return vocabulary
     return {"tokenizer": saved.get("tokenizer"), "chars": saved.get("chars")}
@@ -210,12 +209,18 @@ def kept_name(iter_num: int) -> str:
     return f"ckpt_{iter_num:07d}.pt"
 
 
-def kept_hint(folder: str, setting: str) -> str:
-    """Where a checkpoint is missing (ckpt.pt moved away to go back, say): the kept steps in its folder, and the
-    setting that names one; '' when there are none."""
-    kept = sorted((n for n in os.listdir(folder or ".") if kept_step(n) >= 0), key=kept_step) \
-        if os.path.isdir(folder or ".") else []
-    return f"; {folder or '.'} keeps {', '.join(kept[-3:])}: {setting}={kept[-1]} reads the last" if kept else ""
+def kept_hint(folder: str, setting: str, in_out_dir: bool) -> str:
+    """Where a checkpoint is missing (ckpt.pt moved away to go back, say): the kept steps in its folder and the
+    setting that names one (with the last's name when the folder is out_dir, where the setting looks); ''
+    when there are none, or the folder cannot be listed."""
+    try:
+        kept = sorted((n for n in os.listdir(folder or ".") if kept_step(n) >= 0), key=kept_step)
+    except OSError:
+        kept = []
+    if not kept:
+        return ""
+    how = f"{setting}={kept[-1]} reads the last" if in_out_dir else f"name one with {setting}"
+    return f"; {folder or '.'} keeps {', '.join(kept[-3:])}: {how}"
 
 
 def kept_step(name: str) -> int:
@@ -246,7 +251,7 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     else what init_from names (see load_pretrained); and its vocabulary (None: GPT-2's BPE)."""
     if init_from == "resume" and not os.path.isfile(ckpt_path):
         raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint"
-                        + kept_hint(os.path.dirname(ckpt_path), "--checkpoint"))
+                        + kept_hint(os.path.dirname(ckpt_path), "--checkpoint", False))
     source = ckpt_path if init_from == "resume" else init_from
     model, vocab, _ = load_pretrained(source, 0.0)
     if vocab is None and model.config.vocab_size < 50257:

@@ -280,8 +280,8 @@ CASES = [
          r"own dataset, or start a new run$", setup=other_vocabulary),
     Case("init_from on another vocabulary", "train.py", [*TRAIN, "--dataset={tmp}/other", "--out_dir={tmp}/new",
                                                          "--init_from={run}/ckpt.pt"],
-         r"but checkpoint .*ckpt.pt was trained on \d+ characters .*: train it on data prepared as its own was, or "
-         r"start from scratch$", setup=other_vocabulary),
+         r"but checkpoint .*ckpt.pt was trained on \d+ characters .*: give a dataset prepared as the model's own was$",
+         setup=other_vocabulary),
     Case("full disk at checkpoint", "train.py", RESUME,
          r"could not write checkpoint .*ckpt.pt \(.*\): the previous checkpoint is unchanged",
          runner=file_size_limit(48_000), may_change=RUN_LOGS),
