@@ -294,8 +294,8 @@ def planned_batch(cfg: dict, compiled: bool) -> int:
         model = GPT(gpt_config(cfg))
     free = free_bytes(cfg["device"])
     settings = dict(dtype=resolve_dtype(cfg["dtype"], device_type), optimizer=cfg["optimizer"], world_size=1,
-                    parallelism="ddp", activation_checkpointing=cfg["activation_checkpointing"], device_type=device_type,
-                    compiled=compiled)
+                    parallelism="ddp", activation_checkpointing=cfg["activation_checkpointing"],
+                    device_type=device_type, compiled=compiled)
     if cfg["batch_size"] != "auto":
         settings["batch_size"] = cfg["batch_size"]
         check_fits(plan(model, **settings), free, model, settings)
@@ -395,7 +395,8 @@ def build(cfg: dict) -> dict:
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
           f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}, fp8 {cfg['fp8']}")
     return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype,
-            "batch_size": B, "cold_files": cold_files, "wait_reads": wait_reads, "compiled": cfg["compile"] and not problem}
+            "batch_size": B, "cold_files": cold_files, "wait_reads": wait_reads,
+            "compiled": cfg["compile"] and not problem}
 
 
 def bench_generate(cfg: dict):

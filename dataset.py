@@ -102,7 +102,8 @@ def read_meta_pkl(data_dir: str) -> dict | None:
             and all(isinstance(k, numbers.Integral) and not isinstance(k, bool) and isinstance(c, str) and len(c) == 1
                     for k, c in itos.items())  # sorting mixed keys would raise
             and sorted(itos) == list(range(len(itos)))):
-        raise UserError(f"{path} lacks vocab_size or an itos table of ids 0..n-1 to characters: prepare the dataset again")
+        raise UserError(f"{path} lacks vocab_size or an itos table of ids 0..n-1 to characters: prepare the dataset "
+                        "again")
     return meta
 
 

@@ -293,7 +293,8 @@ def write_tokenizer(vocab: dict | None, vocab_size: int, folder: str) -> str:
         eot = vocab_size > len(chars)
         if eot:
             tok.add_special_tokens(["<|endoftext|>"])  # the next id: len(chars)
-        tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>" if eot else None).save_pretrained(folder)
+        tf.PreTrainedTokenizerFast(tokenizer_object=tok,
+                                   eos_token="<|endoftext|>" if eot else None).save_pretrained(folder)
         return f"a {len(chars)}-character tokenizer" + (" with <|endoftext|>" if eot else "")
     from tokenizer import EOT, gpt2_encoding
 

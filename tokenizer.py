@@ -5,9 +5,10 @@ Routes, first that works: a rank file the caller names (or $NANOGPT_GPT2_TIKTOKE
 cached here for the scripts that take no such setting; a copy cached here before; tiktoken's own cache and
 download; the whisper/assets/gpt2.tiktoken file inside the openai-whisper source package on the Python package
 index (downloaded, never installed). What a download gives is cached here too. The cached copy comes before any
-network, so a machine that has it never waits on a download host it cannot reach. Every rank file is checked against GPT-2's sha256, so each route gives
-the same ids, and only a checked one is cached: a damaged cached copy (a torn write, a full disk) is passed over
-and replaced by the next route that works. (Never removed: another rank may be putting a good copy in place.)
+network, so a machine that has it never waits on a download host it cannot reach. Every rank file is checked
+against GPT-2's sha256, so each route gives the same ids, and only a checked one is cached: a damaged cached
+copy (a torn write, a full disk) is passed over and replaced by the next route that works. (Never removed:
+another rank may be putting a good copy in place.)
 """
 import base64
 import hashlib
@@ -64,7 +65,8 @@ def encoding_from_ranks(path: str) -> tiktoken.Encoding:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise UserError(f"cannot read the rank file {path} ({e.strerror or e}): give a readable gpt2.tiktoken") from None
+        raise UserError(f"cannot read the rank file {path} ({e.strerror or e}): give a readable "
+                        "gpt2.tiktoken") from None
     return encoding_from_bytes(data, path)
 
 

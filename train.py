@@ -32,8 +32,8 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, bett
                         own_kept_step, publish_checkpoint, repair_published, restore_training_state,
                         save_checkpoint, take_optimizer_state, training_state)
 from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
-                    cpu_contention, excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0, peak_flops,
-                    raise_held, resolve_dtype, setup_distributed)
+                    cpu_contention, excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0,
+                    peak_flops, raise_held, resolve_dtype, setup_distributed)
 from dataset import (Prefetcher, check_block_size, data_change, eval_key, get_batch, load_dataset, model_vocab_size,
                      read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8

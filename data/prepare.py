@@ -445,7 +445,8 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
             if 0 in (splits["train"]["tokens"], splits["val"]["tokens"]):
                 writers = split_by_position(writers, val_fraction)
                 splits = {split: w.finish() for split, w in writers.items()}
-                print(("\n" if shown and live else "") + f"note: every document ({documents}) went to one split, so val is "
+                print(("\n" if shown and live else "")
+                      + f"note: every document ({documents}) went to one split, so val is "
                       f"instead the last {splits['val']['tokens']:,} tokens of the corpus (val_fraction {val_fraction})",
                       file=sys.stderr)
             meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name,
@@ -462,7 +463,8 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
     if progress:
         elapsed = time.time() - t0
         total = sum(s["tokens"] for s in splits.values())
-        print(f"{lead if shown else ''}{total:,} tokens from {n_chars:,} characters in {elapsed:.1f} s ({total / elapsed:,.0f} tokens/s); "
+        print(f"{lead if shown else ''}{total:,} tokens from {n_chars:,} characters in {elapsed:.1f} s "
+              f"({total / elapsed:,.0f} tokens/s); "
               f"train {splits['train']['tokens']:,}, val {splits['val']['tokens']:,} -> {out_dir}", file=sys.stderr)
     return meta
 

@@ -149,7 +149,8 @@ def test_a_damaged_cached_rank_file_is_named_when_no_route_replaces_it(tmp_path)
            "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull}
     env.pop("NANOGPT_GPT2_TIKTOKEN", None)
     result = subprocess.run([sys.executable, "-c", "import sys, common, tokenizer; sys.excepthook = common.excepthook; "
-                             "tokenizer.gpt2_encoding()"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                             "tokenizer.gpt2_encoding()"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert f"warning: the cached {cached} is not GPT-2's rank file (damaged?): fetching it again" in result.stderr
     assert f"the cached {cached} is damaged; tiktoken download: " in result.stderr

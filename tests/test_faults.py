@@ -675,7 +675,8 @@ def test_resume_takes_the_shape_from_the_checkpoint_when_not_given(char_data, tm
     given = run_script("train.py", f"--dataset={char_data}", f"--out_dir={out}", "--device=cpu", "--compile=False",
                        "--init_from=resume", "--max_iters=8", "--block_size=1024", cwd=str(tmp_path))
     assert given.returncode != 0
-    assert "another model shape: block_size=1024 (checkpoint: 32); give the checkpoint's (--block_size=32)" in given.stderr
+    assert "another model shape: block_size=1024 (checkpoint: 32); give the checkpoint's (--block_size=32)" \
+        in given.stderr
 
 
 def test_a_ctrl_c_before_training_starts_is_one_line_not_a_traceback():

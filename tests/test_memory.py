@@ -15,7 +15,7 @@ GPT2 = dict()
 LLAMA = dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2)
 SHAPE = dict(n_layer=6, n_head=4, n_embd=256, block_size=512, vocab_size=65)  # activations dominate: 16 x 512 tokens
 WEIGHTY = dict(n_layer=8, n_head=8, n_embd=512, block_size=64)  # weights dominate: 25M parameters, 16 x 64 tokens
-GPT2_VOCAB = dict(n_layer=2, n_head=4, n_embd=128, block_size=256, vocab_size=50304)  # the loss dominates: 8 x 256 tokens
+GPT2_VOCAB = dict(n_layer=2, n_head=4, n_embd=128, block_size=256, vocab_size=50304)  # the loss dominates: 8 x 256
 
 
 def really_saved(model, idx) -> int:

@@ -272,12 +272,12 @@ CASES = [
     Case("model_args lacks a key", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"lacks \[\"model_args\['n_head'\]\"\]",
          setup=edit_checkpoint(lambda c: c["model_args"].pop("n_head"))),
     Case("resume with ckpt.pt moved away", "train.py", [*RESUME, "--out_dir={tmp}/moved"],
-         r"no checkpoint at .*moved/ckpt.pt: .*moved keeps ckpt_0000004.pt: --resume_from=ckpt_0000004.pt reads the last$",
-         setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "moved")),
-                                       shutil.copy(os.path.join(run, "ckpt.pt"), os.path.join(tmp, "moved", "ckpt_0000004.pt")))),
+         r"no checkpoint at .*moved/ckpt.pt: .*moved keeps ckpt_0000004.pt: --resume_from=ckpt_0000004.pt reads the "
+         r"last$", setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "moved")), shutil.copy(
+             os.path.join(run, "ckpt.pt"), os.path.join(tmp, "moved", "ckpt_0000004.pt")))),
     Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],
-         r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters.*: resume on the run's "
-         r"own dataset, or start a new run$", setup=other_vocabulary),
+         r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters.*: resume on the "
+         r"run's own dataset, or start a new run$", setup=other_vocabulary),
     Case("init_from on another vocabulary", "train.py", [*TRAIN, "--dataset={tmp}/other", "--out_dir={tmp}/new",
                                                          "--init_from={run}/ckpt.pt"],
          r"but checkpoint .*ckpt.pt was trained on \d+ characters .*: give a dataset prepared as the model's own was$",
@@ -301,7 +301,8 @@ CASES = [
          r"the last evaluation \(iter 8\) gave val loss nan: the weights are not finite and were not saved; the last "
          r"good checkpoint, .*ckpt.pt at iter 4, is kept", may_change=RUN_LOGS),
     # ---- train.py: datasets
-    Case("dataset missing", "train.py", [*TRAIN, "--dataset={tmp}/nothing_here"], r"dataset '(.*nothing_here)' not found: no folder \1; prepare it first"),  # once: the path is absolute
+    Case("dataset missing", "train.py", [*TRAIN, "--dataset={tmp}/nothing_here"],  # named once: the path is absolute
+         r"dataset '(.*nothing_here)' not found: no folder \1; prepare it first"),
     Case("dataset not prepared", "train.py", [*TRAIN, "--dataset={tmp}/fresh"],
          r"has no train.bin or meta.json in .*fresh: prepare it first \(python .*fresh/prepare.py\)",
          setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "fresh")),
@@ -453,7 +454,8 @@ CASES = [
     Case("bench batch_size=0", "bench.py", ["--device=cpu", "--batch_size=0"], r"batch_size=0 is not valid"),
     Case("bench mode", "bench.py", ["--mode=fast"], r"mode='fast' is not valid"),
     # on a CPU a step past the free memory would have the kernel kill bench.py, with every config's figures
-    Case("bench batch past the free memory", "bench.py", ["--device=cpu", "--compile=False", "--batch_size=999983"],  # prime: few plans to try
+    Case("bench batch past the free memory", "bench.py",  # a prime batch: few smaller ones for the plan to try
+         ["--device=cpu", "--compile=False", "--batch_size=999983"],
          r"this run needs about [\d.]+ GiB per device but [\d.]+ GiB is free .*it would run out of memory"),
     Case("bench compare quotes", "bench.py", ["--device=cpu", "--compare=--dtype='float32"],
          r"compare=.* cannot be read as flags"),

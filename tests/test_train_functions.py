@@ -315,7 +315,8 @@ def test_a_character_dataset_of_one_character_lines_is_not_taken_for_uint32_toke
     import pickle
     chars = "\n0123456789"
     with open(tmp_path / "meta.pkl", "wb") as f:
-        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)),
+                     "stoi": {c: i for i, c in enumerate(chars)}}, f)
     lines = np.random.default_rng(0).integers(1, len(chars), 20_000)
     for split in ("train", "val"):
         np.stack([lines, np.zeros_like(lines)], 1).reshape(-1).astype(np.uint16).tofile(tmp_path / f"{split}.bin")
