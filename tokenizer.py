@@ -33,13 +33,21 @@ def cache_path() -> str:
     return os.path.join(root, "nanogpt", "gpt2.tiktoken")
 
 
-def is_gpt2_ranks(path: str) -> bool:
-    """Whether path is a readable file with the sha256 of GPT-2's rank file."""
+def not_gpt2(data: bytes, source: str) -> UserError | None:
+    """The error for rank-file bytes (from `source`) that are not GPT-2's, by their sha256; None when they are."""
+    if hashlib.sha256(data).hexdigest() == GPT2_SHA256:
+        return None
+    return UserError(f"{source} is not GPT-2's rank file (its sha256 is not {GPT2_SHA256[:12]}...)")
+
+
+def cached_ranks(path: str) -> bytes | None:
+    """The bytes of path when it is a readable copy of GPT-2's rank file; None otherwise."""
     try:
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest() == GPT2_SHA256
+            data = f.read()
     except OSError:
-        return False
+        return None
+    return None if not_gpt2(data, path) else data
 
 
 def rank_file_bytes(encoding: tiktoken.Encoding) -> bytes:
@@ -51,23 +59,27 @@ def rank_file_bytes(encoding: tiktoken.Encoding) -> bytes:
 def cache_ranks(data: bytes, dest: str):
     """Write data to dest (atomically, so other ranks see all or nothing), if it is GPT-2's rank file; a
     UserError otherwise, with dest left as it was."""
-    if hashlib.sha256(data).hexdigest() != GPT2_SHA256:
-        raise UserError(f"the rank file to be cached at {dest} is not GPT-2's (its sha256 is not "
-                        f"{GPT2_SHA256[:12]}...)")
+    error = not_gpt2(data, f"the rank file to be cached at {dest}")
+    if error:
+        raise error
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with atomic_write(dest, "wb", shared=True) as out:
         out.write(data)
 
 
-def encoding_from_ranks(path: str) -> tiktoken.Encoding:
-    """GPT-2's encoding built from a rank file, after checking it is GPT-2's."""
+def read_ranks(path: str) -> bytes:
+    """The bytes of a rank file the user named; a UserError when it cannot be read."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError as e:
         raise UserError(f"cannot read the rank file {path} ({e.strerror or e}): give a readable "
                         "gpt2.tiktoken") from None
-    return encoding_from_bytes(data, path)
+
+
+def encoding_from_ranks(path: str) -> tiktoken.Encoding:
+    """GPT-2's encoding built from a rank file, after checking it is GPT-2's."""
+    return encoding_from_bytes(read_ranks(path), path)
 
 
 def encoding_from_bytes(data: bytes, source: str) -> tiktoken.Encoding:
@@ -75,8 +87,9 @@ def encoding_from_bytes(data: bytes, source: str) -> tiktoken.Encoding:
     they are GPT-2's. Each line is a token's bytes in base64 and its rank."""
     from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation regex
 
-    if hashlib.sha256(data).hexdigest() != GPT2_SHA256:
-        raise UserError(f"{source} is not GPT-2's rank file (its sha256 is not {GPT2_SHA256[:12]}...)")
+    error = not_gpt2(data, source)
+    if error:
+        raise error
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
     return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=EOT + 1)
@@ -106,16 +119,17 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
     if rank_file:
         if not os.path.isfile(rank_file):
             raise UserError(f"GPT-2 rank file {rank_file} not found: give the path of gpt2.tiktoken")
-        encoding = encoding_from_ranks(rank_file)
-        if not is_gpt2_ranks(cached):  # kept (or a damaged copy replaced) for the scripts that take no path
+        data = read_ranks(rank_file)
+        encoding = encoding_from_bytes(data, rank_file)
+        if cached_ranks(cached) is None:  # kept (or a damaged copy replaced) for the scripts that take no path
             try:
-                with open(rank_file, "rb") as src:
-                    cache_ranks(src.read(), cached)
+                cache_ranks(data, cached)
             except OSError:  # a read-only home: the file given still serves this run
                 pass
         return encoding
-    if is_gpt2_ranks(cached):
-        return encoding_from_ranks(cached)
+    data = cached_ranks(cached)  # read once: checked here, built from below
+    if data is not None:
+        return encoding_from_bytes(data, cached)
     failures = []
     if os.path.exists(cached):  # not GPT-2's: passed over, and replaced (atomically) by the route below that works
         print(f"warning: the cached {cached} is not GPT-2's rank file (damaged?): fetching it again", file=sys.stderr)
@@ -130,8 +144,9 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
         except (OSError, UserError):  # a read-only home, or ranks that are not GPT-2's file byte for byte
             pass
         return encoding
-    if is_gpt2_ranks(cached):  # another rank fetched it while tiktoken failed here
-        return encoding_from_ranks(cached)
+    data = cached_ranks(cached)  # another rank may have fetched it while tiktoken failed here
+    if data is not None:
+        return encoding_from_bytes(data, cached)
     try:
         data = whisper_ranks()
     except (OSError, subprocess.SubprocessError, tarfile.TarError, StopIteration) as e:  # TarError: a torn sdist

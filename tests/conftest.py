@@ -66,8 +66,8 @@ def gpt2_rank_file() -> str:
     path = os.path.join(SHARED_DATA, "gpt2.tiktoken")
     if os.path.isfile(path):
         return path
-    from tokenizer import cache_path, cache_ranks, is_gpt2_ranks, whisper_ranks
-    if not is_gpt2_ranks(cache_path()):
+    from tokenizer import cache_path, cache_ranks, cached_ranks, whisper_ranks
+    if cached_ranks(cache_path()) is None:
         cache_ranks(whisper_ranks(), cache_path())
     return cache_path()
 
