@@ -449,11 +449,11 @@ if __name__ == "__main__":
     problem = compile_problem(device) if compile and not dry_run else None
     if problem:
         print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
+    compiled = compile and not problem
     # the memory plan: what training will hold per device, checked against what is free before anything is big
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type,
-                   micro_steps=accum_steps, fsdp_reduce=fsdp_reduce, training=not eval_only,
-                   compiled=compile and not problem)
+                   micro_steps=accum_steps, fsdp_reduce=fsdp_reduce, training=not eval_only, compiled=compiled)
     free = free_bytes(device, node_processes)
     if batch_size == "auto":
         batch_size = largest_batch(model, planned, free) if free is not None else None
@@ -522,7 +522,7 @@ if __name__ == "__main__":
 
     # ---- compile and DDP wrap
     raw_model = model  # what gets saved: no _orig_mod. or module. prefixes
-    if compile and not problem:
+    if compiled:
         report.print(f"compiling the model (mode {compile_mode})...")
         model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     eval_model = model
@@ -590,9 +590,9 @@ if __name__ == "__main__":
     skipped_reported, last_losses, last_eval_iter = 0, None, None
     saved = (ckpt_path, iter_num) if init_from == "resume" else None  # the checkpoint to go back to, if any
     t_start, train_time, start_iter = time.monotonic(), 0.0, iter_num
-    # the session's first step compiles the graphs (with compile) and warms the device up: it is timed apart, and
-    # the times (tok/s, the ETA, the summary's means) are of the steps from timed_from on
-    timed_from, first_step_s = start_iter, None
+    # the session's first step compiles the graphs (with compile) and warms the device up: it is timed apart
+    # (first_step_s), and the times (tok/s, the ETA, the summary's means) are of the steps after it
+    first_step_s = None
     train_batches = Prefetcher(read_train_batch, ((it, m) for it in itertools.count(iter_num) for m in range(accum_steps)),
                                prefetch_batches, device)
     X, Y = next(train_batches)
@@ -686,16 +686,16 @@ if __name__ == "__main__":
                 t_now = time.monotonic()  # after the sync above, so the timing is real
                 dt = (t_now - t_log) / iters_since_log
                 if first_step:
-                    first_step_s, timed_from = dt, iter_num
-                    report.print(f"first step: {dt:.2f} s" + (" (compiling the model)" if compile and not problem
-                                                               else "") + "; the times from here leave it out")
+                    first_step_s = dt
+                    report.print(f"first step: {dt:.2f} s" + (" (compiling the model)" if compiled else "")
+                                 + "; the times from here leave it out")
                 else:
                     train_time += t_now - t_log
                 t_log, iters_since_log = t_now, 0
             if log_now:
                 report.step(iter_num, max_iters, tokens_seen, loss_value, lr, grad_value, dt, tokens_per_iter / dt,
                             raw_model.estimate_mfu(tokens_per_iter // world_size, dt, peak), t_now - t_start,
-                            iter_num - timed_from, train_time)
+                            iter_num - start_iter - 1, train_time)
             if stop_now:
                 if iters_since_log:  # the steps since the last log line count in the summary's times too
                     train_time += time.monotonic() - t_log
@@ -707,7 +707,7 @@ if __name__ == "__main__":
     train_batches.close()
 
     # ---- summary
-    steps_done = iter_num - timed_from  # the timed steps
+    steps_done = iter_num - start_iter - 1 if first_step_s is not None else 0  # the timed steps
     if steps_done == 0 and first_step_s is not None:  # the session's only step: its time is all there is to go on
         steps_done, train_time = 1, first_step_s
     report.summary({
