@@ -339,7 +339,8 @@ def build(cfg: dict) -> dict:
     problem = compile_problem(cfg["device"]) if cfg["compile"] else None  # before the plan: a compiled loss holds less
     if problem:
         print(f"warning: compile=True but {problem}: timing without torch.compile", file=sys.stderr)
-    batch = planned_batch(cfg, cfg["compile"] and not problem)
+    compiled = cfg["compile"] and not problem
+    batch = planned_batch(cfg, compiled)
     if cfg["batch_size"] == "auto":
         print(f"batch_size auto: {batch} sequences per micro-step")
     cfg = {**cfg, "batch_size": batch}
@@ -375,7 +376,7 @@ def build(cfg: dict) -> dict:
     on_device = not cfg["sync_every_step"] and skips_on_device(optimizer)
     how = None if cfg["compile_mode"] == "default" else cfg["compile_mode"]
     # static shapes: a second config with another batch in this process must not turn the first one's graph dynamic
-    train_model = torch.compile(model, mode=how, dynamic=False) if cfg["compile"] and not problem else model
+    train_model = torch.compile(model, mode=how, dynamic=False) if compiled else model
     accum, clip = cfg["gradient_accumulation_steps"], cfg["grad_clip"] or float("inf")
 
     def step(i):
@@ -393,10 +394,9 @@ def build(cfg: dict) -> dict:
         return loss_sum
 
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
-          f"device {device}, dtype {dtype}, compile {cfg['compile'] and not problem}, fp8 {cfg['fp8']}")
+          f"device {device}, dtype {dtype}, compile {compiled}, fp8 {cfg['fp8']}")
     return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype,
-            "batch_size": B, "cold_files": cold_files, "wait_reads": wait_reads,
-            "compiled": cfg["compile"] and not problem}
+            "batch_size": B, "cold_files": cold_files, "wait_reads": wait_reads, "compiled": compiled}
 
 
 def bench_generate(cfg: dict):
