@@ -291,13 +291,14 @@ def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str
     keys = [k for k in saved if k in config and (config[k] != defaults[k] or k in given) and config[k] != saved[k]
             and not (source and k == "block_size")]  # a model started from: its context may be cropped
     clashes = [f"{k}={config[k]!r} ({source or 'checkpoint'}: {saved[k]!r})" for k in keys]
+    flags = " ".join(f"--{k}={saved[k]}" for k in keys)  # the model's own, for settings a config file sets
     if clashes and not source:  # the settings may come from a config file, where dropping them is no answer
         raise UserError(f"resuming a checkpoint of another model shape: {', '.join(clashes)}; give the checkpoint's "
-                        f"({' '.join(f'--{k}={saved[k]}' for k in keys)}), drop those settings, or use a new out_dir")
+                        f"({flags}), drop those settings, or use a new out_dir")
     if clashes:
         raise UserError(f"init_from={source} is a model of another shape: {', '.join(clashes)}; drop those settings "
-                        f"(the model's own shape is used), give the model's where a config file sets them "
-                        f"({' '.join(f'--{k}={saved[k]}' for k in keys)}), or start from scratch")
+                        f"(the model's own shape is used), give the model's where a config file sets them ({flags}), "
+                        "or start from scratch")
 
 
 def load_model_state(model: torch.nn.Module, state: dict, path: str, optimizer=None, optimizer_state: dict | None = None):
