@@ -238,6 +238,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                 t = targets[s:s + chunk]
                 picked = logits.gather(1, t.clamp(min=0)[:, None])[:, 0]
                 total += ((lse[s:s + chunk] - picked) * (t != -1)).sum()
+                del logits  # else it lives on while the next chunk's logits are made: a chunk more at the peak
         count = (targets != -1).sum().clamp(min=1)
         ctx.save_for_backward(h, weight, targets, lse, count)
         ctx.chunk, ctx.dtype = chunk, dtype
@@ -254,11 +255,13 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             for s in range(0, h.size(0), ctx.chunk):
                 t = targets[s:s + ctx.chunk]
                 # d loss / d logits = softmax - onehot(target), per kept row, times the upstream gradient
-                dlogits = torch.exp((hc[s:s + ctx.chunk] @ wc.t()).to(lse.dtype) - lse[s:s + ctx.chunk, None])
+                # in place, and freed before the next chunk's: one chunk of fp32 logits at a time, as memory.py plans
+                dlogits = (hc[s:s + ctx.chunk] @ wc.t()).to(lse.dtype).sub_(lse[s:s + ctx.chunk, None]).exp_()
                 dlogits.scatter_add_(1, t.clamp(min=0)[:, None], torch.full_like(dlogits[:, :1], -1.0))
-                dlogits = (dlogits * ((t != -1)[:, None] * scale)).to(ctx.dtype)
+                dlogits = dlogits.mul_((t != -1)[:, None] * scale).to(ctx.dtype)
                 grad_h[s:s + ctx.chunk] = (dlogits @ wc).to(h.dtype)
                 grad_w += (dlogits.t() @ hc[s:s + ctx.chunk]).to(lse.dtype)
+                del dlogits
         return grad_h, grad_w.to(weight.dtype), None, None
 
 
