@@ -139,6 +139,8 @@ def plan(model: GPT, batch_size: int, dtype: str, optimizer: str, world_size: in
         held, backward = rest + config.n_layer * per_block, largest
     if config.loss_chunk:  # the chunked loss's logits exist a chunk at a time, with their gradient in backward
         held += 2 * min(config.loss_chunk, batch_size * config.block_size) * config.vocab_size * 4
+        # and its backward sums the output matrix's gradient in fp32 beside each chunk's share of it
+        backward = max(backward, 2 * config.vocab_size * config.n_embd * 4)
     else:
         if fp.itemsize == 2:  # autocast (CUDA's and the CPU's) keeps the log-softmax in fp32, not 16 bits
             held += logits * 2
