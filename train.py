@@ -224,7 +224,7 @@ def get_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int
     if schedule == "cosine":
         progress = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (learning_rate - min_lr)
-    cooldown_start = max(warmup_iters, lr_decay_iters - round(cooldown_frac * lr_decay_iters))
+    cooldown_start = wsd_cooldown_start(warmup_iters, lr_decay_iters, cooldown_frac)
     if it < cooldown_start:
         return learning_rate  # the stable phase
     progress = (it - cooldown_start) / (lr_decay_iters - cooldown_start)
@@ -232,16 +232,27 @@ def get_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int
     return min_lr + remaining * (learning_rate - min_lr)
 
 
-def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, schedule: str) -> str | None:
+def wsd_cooldown_start(warmup_iters: int, lr_decay_iters: int, cooldown_frac: float) -> int:
+    """The step the wsd schedules start cooling down from learning_rate, reaching min_lr at lr_decay_iters."""
+    return max(warmup_iters, lr_decay_iters - round(cooldown_frac * lr_decay_iters))
+
+
+def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, schedule: str,
+                     cooldown_frac: float = 0.2) -> str | None:
     """What is odd about a schedule (get_lr's, with decay_lr) that the settings' rules allow: a warmup as long as
-    the run, which never reaches learning_rate (a quick run that kept GPT-2's 2000 steps of warmup), or one as long
-    as the decay, which drops from learning_rate to min_lr in one step; None when neither."""
+    the run, which never reaches learning_rate (a quick run that kept GPT-2's 2000 steps of warmup), one as long
+    as the decay, which drops from learning_rate to min_lr in one step, or a wsd cooldown too short to have a step
+    between the two; None when none of these."""
     if warmup_iters >= max_iters and warmup_iters > 0:
         return (f"warmup_iters {warmup_iters} is not below max_iters {max_iters}: the learning rate never reaches "
                 "learning_rate in this run; lower warmup_iters")
     if warmup_iters >= lr_decay_iters and warmup_iters > 0 and schedule != "constant":
         return (f"warmup_iters {warmup_iters} is not below lr_decay_iters {lr_decay_iters}: the learning rate drops "
                 "from learning_rate to min_lr in one step after the warmup; raise lr_decay_iters (usually max_iters)")
+    cooldown = lr_decay_iters - wsd_cooldown_start(warmup_iters, lr_decay_iters, cooldown_frac)
+    if schedule in ("wsd", "wsd-sqrt") and cooldown < 2 and lr_decay_iters > 0:
+        return (f"the cooldown, cooldown_frac {cooldown_frac} of lr_decay_iters {lr_decay_iters}, is {cooldown} "
+                "step(s): no step trains between learning_rate and min_lr; raise cooldown_frac or lr_decay_iters")
     return None
 
 
@@ -359,7 +370,7 @@ if __name__ == "__main__":
                             "set them to 0, and sample or evaluate the checkpoint with sample.py or eval.py")
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
     report.print(f"world size {world_size}, device {device}, dtype {dtype}")
-    odd_schedule = schedule_problem(warmup_iters, lr_decay_iters, max_iters, lr_schedule) \
+    odd_schedule = schedule_problem(warmup_iters, lr_decay_iters, max_iters, lr_schedule, cooldown_frac) \
         if decay_lr and not eval_only else None
     if odd_schedule and master_process:
         print(f"warning: {odd_schedule}", file=sys.stderr)
