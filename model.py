@@ -359,7 +359,9 @@ class GPT(nn.Module):
             raise ValueError(f"cannot grow block_size from {self.config.block_size} to {block_size}")
         self.config.block_size = block_size
         if "wpe" in self.transformer:
-            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+            # a copy: a view would keep the whole table's storage alive, and torch.save writes all of it
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+            self.transformer.wpe.num_embeddings = block_size
         else:
             self.rope_cos, self.rope_sin = self.rope_cos[:block_size], self.rope_sin[:block_size]
 

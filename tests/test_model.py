@@ -63,11 +63,15 @@ def test_num_params_excludes_positions_by_default():
     assert model.get_num_params() == total - 16 * 32
 
 
-def test_crop_block_size_keeps_leading_positions():
+def test_crop_block_size_keeps_leading_positions_and_only_them(tmp_path):
     model = GPT(tiny_config())
     before = model.transformer.wpe.weight[:8].clone()
     model.crop_block_size(8)
     assert model.config.block_size == 8 and torch.equal(model.transformer.wpe.weight, before)
+    wpe = model.transformer.wpe
+    assert wpe.num_embeddings == 8 and wpe.weight.untyped_storage().nbytes() == before.numel() * 4
+    torch.save({"wpe": wpe.weight}, tmp_path / "wpe.pt")  # a view would save the uncropped table's storage
+    assert torch.load(tmp_path / "wpe.pt")["wpe"].untyped_storage().nbytes() == before.numel() * 4
     assert model(torch.zeros(1, 8, dtype=torch.long))[0].shape == (1, 1, 97)
     with pytest.raises(ValueError, match="cannot grow"):
         model.crop_block_size(9)
