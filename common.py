@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -23,15 +24,30 @@ class UserError(ValueError):
 def excepthook(exc_type, exc, tb):
     """sys.excepthook for the scripts: a UserError is one line on stderr, with the traceback only when
     NANOGPT_TRACEBACK=1, as is a Ctrl-C before train.py's own handler takes over (StopFlag, once training
-    starts); any other exception is a bug and keeps its traceback."""
+    starts), and a process's loss of a peer that stopped first (the peer's own error is the one to read); any
+    other exception is a bug and keeps its traceback. A gloo process group still alive is destroyed: left to
+    the interpreter's exit, gloo's threads abort the process (SIGABRT) now and then, hiding the exit status."""
+    lost = peer_lost(exc)
     if os.environ.get("NANOGPT_TRACEBACK") == "1":
         traceback.print_exception(exc_type, exc, tb)
     elif issubclass(exc_type, UserError):
         print(f"error: {exc}", file=sys.stderr)
     elif issubclass(exc_type, KeyboardInterrupt):
         print("interrupted (Ctrl-C)", file=sys.stderr)
+    elif lost:
+        print(f"error: another process of this run stopped ({lost}): its own output says why", file=sys.stderr)
     else:
         traceback.print_exception(exc_type, exc, tb)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
+
+
+def peer_lost(exc: BaseException) -> str | None:
+    """gloo's reason, when exc is what a collective raises in a process whose peer stopped (its connection
+    closed or reset), else None. NCCL has no such error: a lost peer is found by its watchdog, or by torchrun."""
+    found = isinstance(exc, RuntimeError) and re.search(r"gloo/transport/tcp/\w+\.cc:\d+\] (.*?)(\. |\.?$)", str(exc))
+    return found.group(1) if found else None
 
 
 # ---- devices and precision

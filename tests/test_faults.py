@@ -707,6 +707,40 @@ dist.barrier()  # not reached: a rank that went on would wait here for rank 0 un
 """
 
 
+RANK0_STOPS = """
+import datetime, sys
+sys.path.insert(0, {root!r})
+import torch, torch.distributed as dist
+from common import UserError, excepthook
+sys.excepthook = excepthook
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://{store}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=120))
+dist.barrier()
+if rank == 0:
+    raise UserError("metrics.csv is bad: fix it")  # found by rank 0 alone, with no on_rank0 to share it
+for _ in range(1000):
+    dist.all_reduce(torch.ones(1000))  # rank 1 goes on till its connection to rank 0 closes
+"""
+
+
+def test_a_rank_whose_peer_stopped_says_so_in_a_line_and_exits_by_itself(tmp_path):
+    """An error that only one process meets outside on_rank0 (a batch with a stray token id, a run file that
+    cannot be written) reaches the others as gloo's closed connection: one line that points at the peer's
+    output, not a traceback. Both exit with status 1: the process group is destroyed on the way out, where
+    gloo's threads would otherwise abort a process now and then (SIGABRT)."""
+    script = tmp_path / "rank0_stops.py"
+    script.write_text(RANK0_STOPS.format(root=ROOT, store=tmp_path / "store"))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=str(tmp_path)) for rank in (0, 1)]
+    stderr = [proc.communicate(timeout=100)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [1, 1], stderr
+    assert stderr[0].splitlines()[-1].endswith("error: metrics.csv is bad: fix it"), stderr[0]
+    assert re.fullmatch(r"(\[rank1\]: )?error: another process of this run stopped \(.*Connection (closed|reset) by "
+                        r"peer.*\): its own output says why", stderr[1].splitlines()[-1]), stderr[1]
+    assert "Traceback" not in stderr[1]
+
+
 @pytest.mark.parametrize("kind", ["user", "other"])
 def test_whatever_stops_rank_0_in_its_own_check_stops_the_other_ranks_at_once(tmp_path, kind):
     """Two processes without torchrun, whose agent would kill the survivor: rank 1 must stop by itself with the
