@@ -40,22 +40,19 @@ def whole_length(path: str) -> int:
 
 def append_row(out_dir: str, row: dict):
     """Append one row (a subset of COLUMNS; the rest stay blank), writing the header first when the file is
-    new, and cutting off a torn last line first when there is one."""
+    new, and cutting off a torn last line first when there is one. An OSError (a full disk) is the caller's to
+    report: report.writing_run_files."""
     path = metrics_path(out_dir)
-    try:
-        if os.path.exists(path) and whole_length(path) and header(path) != COLUMNS:
-            rewrite(path, read_rows(out_dir))  # a file from a version with fewer columns: its rows under today's header
-        with open(path, "a", newline="") as f:
-            whole = whole_length(path)
-            if whole < f.tell():
-                f.truncate(whole)
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            if whole == 0:
-                writer.writeheader()
-            writer.writerow(row)
-    except OSError as e:  # a full disk, a file made read-only: the checkpoints written so far stand
-        raise UserError(f"cannot write {path} ({e.strerror or e}): free space on its disk or make it writable, then "
-                        "continue with --init_from=resume (from the last checkpoint)") from None
+    if os.path.exists(path) and whole_length(path) and header(path) != COLUMNS:
+        rewrite(path, read_rows(out_dir))  # a file from a version with fewer columns: its rows under today's header
+    with open(path, "a", newline="") as f:
+        whole = whole_length(path)
+        if whole < f.tell():
+            f.truncate(whole)
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        if whole == 0:
+            writer.writeheader()
+        writer.writerow(row)
 
 
 def header(path: str) -> list[str]:

@@ -19,15 +19,18 @@ SAMPLE_HEADING = re.compile(r"^---- iter (\d+) ----\n", re.M)  # each sample in 
 
 
 @contextmanager
-def writing_run_files():
-    """A run file that cannot be written (a full disk, a read-only file) is one error line naming it: the earlier
-    file stays whole (writes are atomic or appends), as do the checkpoints written so far."""
+def writing_run_files(out_dir: str, name: str, training: bool = True):
+    """A run file (name, in out_dir) that cannot be written (a full disk, a read-only file) is one error line
+    naming it: the earlier file stays whole (writes are atomic or appends), as do the checkpoints written so
+    far, which a training run is told to resume from where there is one."""
     try:
         yield
     except OSError as e:
-        raise UserError(f"cannot write {e.filename or 'a run file'} ({e.strerror or e}): free space on its disk or "
-                        "make it writable, then run again (--init_from=resume continues from the last "
-                        "checkpoint)") from None
+        resumable = training and os.path.exists(os.path.join(out_dir, "ckpt.pt"))
+        raise UserError(f"cannot write {e.filename or os.path.join(out_dir, name)} ({e.strerror or e}): free space "
+                        "on its disk or make it writable, then run again"
+                        + (" with --init_from=resume (it continues from the last checkpoint)" if resumable else "")
+                        ) from None
 
 
 def check_wandb(wandb_log: bool):
@@ -151,9 +154,11 @@ class Reporter:
                 raise UserError(f"wandb_log=True but wandb could not start ({e}): run `wandb login`, set "
                                 "WANDB_MODE=offline (then `wandb sync` later), or pass --wandb_log=False") from None
             self.wandb, run_id = wandb, wandb.run.id
-        with writing_run_files():
+        with writing_run_files(self.out_dir, "config.json"):
             write_json(os.path.join(self.out_dir, "config.json"), dict(sorted(config.items())))
+        with writing_run_files(self.out_dir, "run.json"):
             write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info})
+        with writing_run_files(self.out_dir, "metrics.csv"):
             if truncate_at is not None:
                 metrics.truncate(self.out_dir, truncate_at)
                 self.samples = truncate_samples(self.out_dir, truncate_at)  # wandb's table goes on with these
@@ -171,8 +176,9 @@ class Reporter:
         else:
             print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                   + (f", hellaswag acc_norm {hellaswag:.4f}" if hellaswag is not None else ""))
-        metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "val_loss": losses["val"],
-                                          "train_eval_loss": losses["train"], "hellaswag": hellaswag})
+        with writing_run_files(self.out_dir, "metrics.csv"):
+            metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "val_loss": losses["val"],
+                                              "train_eval_loss": losses["train"], "hellaswag": hellaswag})
         self.wandb.log({"iter": it, "train/loss": losses["train"], "val/loss": losses["val"],
                         **({"hellaswag/acc_norm": hellaswag} if hellaswag is not None else {})}, step=it)
 
@@ -181,7 +187,7 @@ class Reporter:
         if not self.active:
             return
         path = os.path.join(self.out_dir, "eval.json")
-        with writing_run_files():
+        with writing_run_files(self.out_dir, "eval.json", training=False):
             os.makedirs(self.out_dir, exist_ok=True)  # evaluating GPT-2 may name a new out_dir
             write_json(path, {**result, "time": datetime.datetime.now().isoformat(timespec="seconds")})
         if self.format == "json":
@@ -210,9 +216,10 @@ class Reporter:
             self.eta_announced = True
             print(f"estimated time for the remaining {max_iters - it:,} steps: {format_duration(eta)} "
                   f"({train_time / steps_done * 1000:.1f} ms/step so far, evaluations not included)")
-        metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                                          "dt_ms": dt * 1000, "tokens_per_sec": tokens_per_sec,
-                                          "mfu": mfu if mfu is not None else ""})
+        with writing_run_files(self.out_dir, "metrics.csv"):
+            metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "loss": loss, "lr": lr,
+                                              "grad_norm": grad_norm, "dt_ms": dt * 1000,
+                                              "tokens_per_sec": tokens_per_sec, "mfu": mfu if mfu is not None else ""})
         self.wandb.log({"iter": it, "train/loss_step": loss, "lr": lr, "mfu": mfu or 0.0, "grad_norm": grad_norm},
                        step=it)
 
@@ -223,7 +230,8 @@ class Reporter:
             print(json_text({"iter": it, "sample": text}), flush=True)
         else:
             print(f"---- sample at iter {it} ----\n{text}\n----")
-        with writing_run_files(), open(os.path.join(self.out_dir, "samples.txt"), "a", encoding="utf-8") as f:
+        with writing_run_files(self.out_dir, "samples.txt"), \
+                open(os.path.join(self.out_dir, "samples.txt"), "a", encoding="utf-8") as f:
             f.write(sample_entry(it, text))
         self.samples.append([it, text])
         if not isinstance(self.wandb, NoWandb):
@@ -233,7 +241,7 @@ class Reporter:
         """Write summary.json and print it: one JSON line, or one sentence."""
         if not self.active:
             return
-        with writing_run_files():
+        with writing_run_files(self.out_dir, "summary.json"):
             write_json(os.path.join(self.out_dir, "summary.json"), summary)
         if self.format == "json":
             print(json_text({"summary": summary}))

@@ -454,12 +454,26 @@ def test_a_dry_run_needs_no_writable_out_dir(char_data, tmp_path):
         os.chmod(locked, 0o755)
 
 
-def test_a_metrics_row_that_cannot_be_written_is_one_error_line(tmp_path):
-    import metrics
+def test_a_run_file_that_cannot_be_written_is_one_error_line_that_offers_a_resume_only_where_one_is(tmp_path):
+    """A full disk before the first checkpoint has nothing to resume from; an eval_only run resumes nothing."""
+    from report import Reporter
+    out = str(tmp_path)
     os.makedirs(tmp_path / "metrics.csv")  # where the file should be: open() fails as on a full disk
-    with pytest.raises(UserError, match=r"cannot write .*metrics.csv \(Is a directory\): free space on its disk or "
-                                        r"make it writable, then continue with --init_from=resume"):
-        metrics.append_row(str(tmp_path), {"iter": 1, "loss": 2.0})
+    os.makedirs(tmp_path / "eval.json.tmp")  # the temporary file that atomic_write renames into place
+    reporter = Reporter(out, "quiet", True)
+    step = lambda: reporter.step(1, 10, 64, 2.0, 1e-3, 1.0, 0.1, 640.0, None, 1.0, 1, 0.1)  # noqa: E731
+    told = f"cannot write {tmp_path / 'metrics.csv'} (Is a directory): free space on its disk or make it writable, " \
+           "then run again"
+    with pytest.raises(UserError) as refused:
+        step()
+    assert str(refused.value) == told
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    with pytest.raises(UserError) as refused:
+        step()
+    assert str(refused.value) == told + " with --init_from=resume (it continues from the last checkpoint)"
+    result = {"init_from": "resume", "iter": 4, "train_loss": 2.0, "val_loss": 2.1}
+    with pytest.raises(UserError, match=r"cannot write .*eval.json.tmp \(Is a directory\): .*then run again$"):
+        reporter.eval_only(result)
 
 
 def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
