@@ -386,8 +386,8 @@ def test_save_checkpoint_replaces_whole_files_and_keeps_the_old_one_on_failure(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temporary file left behind
     # a full disk: the temporary file is made a link to /dev/full, where every write fails with ENOSPC
     os.symlink("/dev/full", path + ".tmp")
-    with pytest.raises(UserError, match="could not write checkpoint .*No space left on device.* the previous "
-                                        "checkpoint is unchanged"):
+    with pytest.raises(UserError, match=r"could not write checkpoint .*\(No space left on device; [\d,.]+ MiB free on "
+                                        r"its disk\): the previous checkpoint is unchanged"):
         save_checkpoint({"iter_num": 3, "model": {"w": torch.zeros(100_000)}}, path)
     assert torch.load(path, weights_only=True) == {"iter_num": 2, "model": {}}
     assert not os.path.lexists(path + ".tmp")
