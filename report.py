@@ -212,7 +212,8 @@ class Reporter:
                               "tokens_per_sec": tokens_per_sec, "mfu": mfu, "grad_norm": grad_norm,
                               "elapsed_s": elapsed, "eta_s": eta}), flush=True)
         # announced once 10 steps are done, the untimed first one among them (so at iter 10 with log_interval 10)
-        if not self.eta_announced and 0 < steps_done >= min(9, max_iters - (it - steps_done)) and self.format == "text":
+        if (not self.eta_announced and 0 < steps_done >= min(9, max_iters - (it - steps_done)) and it < max_iters
+                and self.format == "text"):  # none when no step remains (a session of a few steps, resumed near the end)
             self.eta_announced = True
             print(f"estimated time for the remaining {max_iters - it:,} steps: {format_duration(eta)} "
                   f"({train_time / steps_done * 1000:.1f} ms/step so far, evaluations not included)")

@@ -307,3 +307,15 @@ def test_a_nan_loss_is_null_in_the_json_log_and_files_which_strict_parsers_read(
         written = strict(f.read())
     assert written == summary_line["summary"]
     assert written["final_val_loss"] is None and written["history"] == [1.5, None] and written["iters"] == 11
+
+
+def test_the_time_estimate_is_announced_once_after_ten_steps_and_never_with_no_step_left(tmp_path, capsys):
+    from report import Reporter
+    def session(first, last, max_iters):  # steps first..last, the first one untimed, as train.py gives them
+        reporter = Reporter(str(tmp_path), "text", True)
+        for it in range(first, last + 1):
+            reporter.step(it, max_iters, 64 * it, 2.0, 1e-3, 1.0, 0.1, 640.0, None, 1.0, it - first, 0.1 * (it - first))
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("estimated time")]
+    assert session(0, 30, 100) == ["estimated time for the remaining 91 steps: 0:00:09 (100.0 ms/step so far, evaluations "
+                                   "not included)"]
+    assert session(95, 100, 100) == []  # resumed at 95: no estimate of the 0 steps left at the end
