@@ -61,7 +61,7 @@ if __name__ == "__main__":
     ckpt_path = checkpoint_file(out_dir, checkpoint)
     model, vocab = load_trained(init_from, ckpt_path)
     model.to(device)
-    encode, _ = codec(vocab)
+    encode, _ = codec(vocab, model.config.vocab_size)
     check_encodable(examples, encode)
     source = ckpt_path if init_from == "resume" else init_from
     t0 = time.time()

@@ -68,8 +68,8 @@ if __name__ == "__main__":
         print(f"warning: compile=True but {problem}: sampling without torch.compile", file=sys.stderr)
     elif compile:
         model.forward = torch.compile(model.forward, dynamic=True)  # generate() calls forward on growing inputs
-    encode, decode = codec(vocab)
-    ids = encode_setting(encode, "start", prompt)
+    encode, decode = codec(vocab, model.config.vocab_size)
+    ids = encode_setting(encode, "start", prompt, config_defaults["start"])
     if not ids:
         raise UserError("start is empty: give a prompt of at least one token, e.g. --start=ROMEO:, or leave --start "
                         "out for the default, a newline")

@@ -163,12 +163,22 @@ def gpt2_encoding(rank_file: str | None = None) -> tiktoken.Encoding:
     return encoding
 
 
-def encode_setting(encode, setting: str, text: str) -> list[int]:
-    """encode(text), where text is the value of `setting` (a prompt): an error line names the setting."""
+def encode_setting(encode, setting: str, text: str, default: str | None = None) -> list[int]:
+    """encode(text), where text is the value of `setting` (a prompt): an error line names the setting, and
+    says so when the text is the setting's default, which the user never wrote (a newline, in a dataset of
+    one-line documents), with the flag to give and, where the model has one, the document separator."""
     try:
         return encode(text)
     except UserError as e:
-        raise UserError(f"{setting}: {e}") from None
+        if text != default:
+            raise UserError(f"{setting}: {e}") from None
+        try:
+            encode("<|endoftext|>")
+            separator = f", or --{setting}='<|endoftext|>' to start where a document does"
+        except UserError:
+            separator = ""
+        raise UserError(f"{setting}: {e} (this is the default {setting}, {default!r}: give --{setting}=TEXT"
+                        f"{separator})") from None
 
 
 def decodable_ids(vocab: dict | None) -> int | None:
@@ -177,19 +187,28 @@ def decodable_ids(vocab: dict | None) -> int | None:
     return None if (vocab or {}).get("chars") is not None else EOT + 1
 
 
-def codec(vocab: dict | None):
+def codec(vocab: dict | None, vocab_size: int | None = None):
     """(encode, decode) for a vocabulary ({'tokenizer', 'chars'}, as dataset.vocabulary gives and checkpoints
-    keep): its characters for a character vocabulary, else GPT-2's BPE."""
+    keep): its characters for a character vocabulary, else GPT-2's BPE. Either encodes the text <|endoftext|>
+    as the token that decode writes so: GPT-2's, or the id after the characters, which data/prepare.py's
+    character datasets end documents with, when the model has it (vocab_size, the model's, is past them)."""
     chars = vocab.get("chars") if vocab else None
     if chars is not None:
         stoi = {c: i for i, c in enumerate(chars)}
+        eot = len(chars) if vocab_size is not None and vocab_size > len(chars) else None
 
-        def encode(text: str) -> list[int]:
+        def characters(text: str) -> list[int]:
             missing = sorted(set(text) - set(stoi))
             if missing:
                 raise UserError(f"the text has characters the dataset does not: {missing}: write it with the "
                                 "characters the model was trained on")
             return [stoi[c] for c in text]
+
+        def encode(text: str) -> list[int]:
+            if eot is None:
+                return characters(text)
+            parts = [characters(part) for part in text.split("<|endoftext|>")]
+            return [i for k, part in enumerate(parts) for i in ([eot] if k else []) + part]
 
         return encode, lambda ids: "".join(chars[i] if i < len(chars) else "<|endoftext|>" for i in ids)
     enc = gpt2_encoding()

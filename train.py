@@ -449,9 +449,11 @@ if __name__ == "__main__":
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     token_limit = model.config.vocab_size  # every batch read is checked against it too (see read_batch)
     # from the run's vocabulary, now settled: without meta.pkl, the characters of the checkpoint started from
-    codec = codec_of(data["vocabulary"]) if hellaswag_interval or (sample_interval and master_process) else None
+    codec = codec_of(data["vocabulary"], model.config.vocab_size) \
+        if hellaswag_interval or (sample_interval and master_process) else None
     if sample_interval:  # a prompt the dataset cannot encode fails now, not at the first sample
-        on_rank0(lambda: encode_setting(codec[0], "sample_prompt", sample_prompt), rank, world_size)
+        on_rank0(lambda: encode_setting(codec[0], "sample_prompt", sample_prompt, config_defaults["sample_prompt"]),
+                 rank, world_size)
     hellaswag = None  # (items, encode) when HellaSwag is scored during training
     if hellaswag_interval:
         hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import data.prepare as prepare  # the repository root is on sys.path (conftest.py)
+from common import UserError
 from conftest import favour_padding, gpt2_rank_file, run_script
 from model import GPT, GPTConfig
 from tokenizer import gpt2_encoding
@@ -239,6 +240,26 @@ def test_inputs_that_match_nothing_are_an_error(tmp_path):
         prepare.list_files([str(tmp_path / "*.txt")])
 
 
+def test_a_character_codec_encodes_the_separator_as_its_token_where_the_model_has_one():
+    """data/prepare.py's character datasets end each document with the id after the characters, which decode
+    writes as <|endoftext|>: encode reads it back as that id (as GPT-2's BPE does), when the model has the id."""
+    from tokenizer import codec, encode_setting
+    vocab = {"tokenizer": "char", "chars": "abc"}
+    encode, decode = codec(vocab, 4)
+    assert encode("<|endoftext|>ab<|endoftext|>c") == [3, 0, 1, 3, 2] and decode([3, 0, 1, 3, 2]) == "<|endoftext|>ab<|endoftext|>c"
+    with pytest.raises(UserError, match=r"the text has characters the dataset does not: \['<', '>', 'd'"):
+        codec(vocab, 3)[0]("<|endoftext|>")  # nanoGPT's shakespeare_char: a model with no such id
+    # the default prompt, a newline, in a dataset of one-line documents: said to be the default, with what to give
+    with pytest.raises(UserError) as refused:
+        encode_setting(encode, "start", "\n", default="\n")
+    assert str(refused.value) == ("start: the text has characters the dataset does not: ['\\n']: write it with the "
+                                  "characters the model was trained on (this is the default start, '\\n': give "
+                                  "--start=TEXT, or --start='<|endoftext|>' to start where a document does)")
+    with pytest.raises(UserError, match=r"^start: the text has characters the dataset does not: \['x'\]: write it "
+                                        r"with the characters the model was trained on$"):
+        encode_setting(encode, "start", "x", default="\n")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_prepared_corpus_trains_and_samples(tmp_path, tokenizer):
@@ -257,6 +278,11 @@ def test_prepared_corpus_trains_and_samples(tmp_path, tokenizer):
     checkpoint = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
     # characters exactly, as nanoGPT; GPT-2's 50257 padded to 50304, as nanoGPT pads it
     assert checkpoint["model_args"]["vocab_size"] == (meta["vocab_size"] if tokenizer == "char" else 50304)
+    if tokenizer == "char":  # the documents' separator, as the model saw it: one token, which sampling writes back
+        sample = run_script("sample.py", f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--start=<|endoftext|>Document",
+                            "--max_new_tokens=5", "--num_samples=1", cwd=str(tmp_path))
+        assert sample.returncode == 0, sample.stderr
+        assert sample.stdout.startswith("<|endoftext|>Document")
     if tokenizer == "gpt2":  # a model that would sample padding ids, which tiktoken cannot decode: neither sampler does
         model = GPT(GPTConfig(**checkpoint["model_args"]))
         model.load_state_dict(checkpoint["model"])
