@@ -393,7 +393,7 @@ def build(cfg: dict) -> dict:
         take_step(optimizer, scaler, nonfinite_flag(loss_sum, grad_norm, scaler.is_enabled(), False), on_device)
         return loss_sum
 
-    print(f"{model.get_num_params() / 1e6:.2f}M parameters, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
+    print(f"{model.parameters_text()}, vocab {vocab}, {accum} x {B} x {T} tokens per step, "
           f"device {device}, dtype {dtype}, compile {compiled}, fp8 {cfg['fp8']}")
     return {"step": step, "model": model, "tokens_per_step": accum * B * T, "device_type": device_type, "dtype": dtype,
             "batch_size": B, "cold_files": cold_files, "wait_reads": wait_reads, "compiled": compiled}
@@ -408,7 +408,7 @@ def bench_generate(cfg: dict):
     device_type, dtype, ctx, model = model_of(cfg)
     model.eval()
     prompt = torch.zeros((cfg["batch_size"], 1), dtype=torch.long, device=cfg["device"])
-    print(f"{model.get_num_params() / 1e6:.2f}M parameters, block_size {cfg['block_size']}, {cfg['batch_size']} "
+    print(f"{model.parameters_text()}, block_size {cfg['block_size']}, {cfg['batch_size']} "
           f"sample(s) of {cfg['gen_tokens']} tokens, device {cfg['device']}")
     times, outputs, agree = {True: [], False: []}, {}, []
     for r in range(cfg["rounds"]):

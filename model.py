@@ -311,6 +311,13 @@ class GPT(nn.Module):
                 n_params -= self.transformer.wte.weight.numel()
         return n_params
 
+    def parameters_text(self) -> str:
+        """The count the scripts print: every parameter (as export.py's transformers model counts them), then,
+        when fewer, the multiplied ones that get_num_params gives (nanoGPT's printed count, the N of MFU)."""
+        total, multiplied = (f"{n / 1e6:.2f}M" for n in (self.get_num_params(non_embedding=False), self.get_num_params()))
+        return f"{total} parameters" + (f" ({multiplied} without the embedding tables that are only looked up)"
+                                        if multiplied != total else "")
+
     def forward(self, idx, targets=None, kv_cache: list[dict] | None = None, all_logits: bool = False):
         """Logits and loss of idx (B, T). With targets, the mean cross-entropy over all positions; without,
         the logits of the last position only, or of every position with all_logits (for scoring). kv_cache

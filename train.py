@@ -497,7 +497,7 @@ if __name__ == "__main__":
     needs = plan(model, **planned)
     report.print(describe(needs, free))
     if dry_run:
-        report.print(f"dry run: {model.get_num_params(non_embedding=False) / 1e6:.2f}M parameters, "
+        report.print(f"dry run: {model.parameters_text()}, "
                      f"{model.flops_per_token() / 1e9:.3f} GFLOPs per token in training, {tokens_per_iter:,} tokens "
                      f"per step, {model.flops_per_token() * tokens_per_iter / 1e12:.3f} TFLOPs per step")
     check_fits(needs, free, model, planned)
@@ -529,7 +529,7 @@ if __name__ == "__main__":
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
         checkpoint = None  # free the CPU copy
-    report.print(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {max_iters:,} steps of {tokens_per_iter:,} "
+    report.print(f"model: {model.parameters_text()}; {max_iters:,} steps of {tokens_per_iter:,} "
                  f"tokens ({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens "
                  f"planned; starting at iteration {iter_num}; world size {world_size}, {device}, {dtype}, compile {compile}")
 

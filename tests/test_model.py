@@ -63,6 +63,15 @@ def test_num_params_excludes_positions_by_default():
     assert model.get_num_params() == total - 16 * 32
 
 
+def test_the_printed_count_is_every_parameter_then_the_multiplied_ones_when_they_differ():
+    """train.py's log, its dry run, bench.py and export.py give one count for one model: all of them first."""
+    untied = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=50304, pos_emb="rope",
+                           tie_embeddings=False))
+    assert untied.parameters_text() == "6.54M parameters (3.32M without the embedding tables that are only looked up)"
+    tied = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=50304, pos_emb="rope"))
+    assert tied.parameters_text() == "3.32M parameters"  # nothing is only looked up
+
+
 def test_crop_block_size_keeps_leading_positions_and_only_them(tmp_path):
     model = GPT(tiny_config())
     before = model.transformer.wpe.weight[:8].clone()
