@@ -386,7 +386,14 @@ if __name__ == "__main__":
     # ---- data (a run from a model's weights without a block_size of its own takes the model's context, which
     # may be shorter: its splits are checked against it once the model is loaded, below)
     context_known = init_from in ("scratch", "resume") or block_size != config_defaults["block_size"]
-    data = load_dataset(dataset, block_size if context_known else None)
+    try:
+        data = load_dataset(dataset, block_size if context_known else None)
+    except UserError as e:  # a resume that left --dataset out gets the default: name the run's own
+        trained_on = checkpoint["config"].get("dataset") if checkpoint is not None else None
+        if "dataset" in given or trained_on in (None, dataset):
+            raise
+        raise UserError(f"{e}; the checkpoint's run trained on dataset {trained_on}: give --dataset={trained_on}, "
+                        "with the run's other settings (its config file)") from None
     report.print(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
                  f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
                  f"vocab_size {data['vocab_size'] or 'unknown'}" + ("; more than half this machine's RAM, so its windows "

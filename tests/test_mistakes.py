@@ -275,6 +275,9 @@ CASES = [
          r"no checkpoint at .*moved/ckpt.pt: .*moved keeps ckpt_0000004.pt: --resume_from=ckpt_0000004.pt reads the "
          r"last$", setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "moved")), shutil.copy(
              os.path.join(run, "ckpt.pt"), os.path.join(tmp, "moved", "ckpt_0000004.pt")))),
+    Case("resume without its dataset", "train.py", ["--out_dir={run}", *TINY, "--init_from=resume", "--max_iters=8"],
+         r"dataset 'openwebtext' .*; the checkpoint's run trained on dataset .*data: give --dataset=.*data, with the "
+         r"run's other settings \(its config file\)$"),
     Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],
          r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters.*: resume on the "
          r"run's own dataset, or start a new run$", setup=other_vocabulary),
