@@ -56,10 +56,12 @@ if __name__ == "__main__":
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
     check_out_file(out_file)
-    examples = read_examples(find_data(hellaswag))[:limit or None]
-    rank, _, world_size, device = setup_distributed(launcher_ranks(os.environ), device, backend)
     ckpt_path = checkpoint_file(out_dir, checkpoint)
+    # the files named are checked before anything is downloaded (GPT-2's weights, then HellaSwag's items)
+    data_path = find_data(hellaswag) if hellaswag else None
     model, vocab = load_trained(init_from, ckpt_path)
+    examples = read_examples(data_path or find_data(hellaswag))[:limit or None]
+    rank, _, world_size, device = setup_distributed(launcher_ranks(os.environ), device, backend)
     model.to(device)
     encode, _ = codec(vocab, model.config.vocab_size)
     check_encodable(examples, encode)
