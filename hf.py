@@ -17,6 +17,7 @@ from model import GPT, GPTConfig
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes on the Hugging Face hub
 EPS = 1e-5  # model.py's LayerNorm and RMSNorm epsilon
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
 
 
@@ -190,6 +191,11 @@ def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
     return model
 
 
+def has_weights(folder: str) -> bool:
+    """Whether folder holds the weights of a transformers model (in one of the files save_pretrained writes)."""
+    return any(os.path.isfile(os.path.join(folder, w)) for w in WEIGHT_FILES)
+
+
 def load(name: str, dropout: float = 0.0) -> GPT:
     """A GPT-2 from the hub by name (PRETRAINED), or the GPT-2 or LLaMA model in a folder that transformers'
     save_pretrained (or export.py) wrote."""
@@ -199,12 +205,14 @@ def load(name: str, dropout: float = 0.0) -> GPT:
     if os.path.isdir(name) and os.path.isfile(os.path.join(name, "ckpt.pt")):  # an export never holds one
         raise UserError(f"{name} is a training run's folder, not a transformers model: pass --init_from="
                         f"{os.path.join(name, 'ckpt.pt')} (or, to continue that run, --out_dir={name} --init_from=resume)")
+    if os.path.isdir(name) and os.path.isfile(os.path.join(name, "run.json")):  # train.py's, before its first save
+        raise UserError(f"{name} is a training run's folder with no checkpoint (ckpt.pt), not a transformers model: "
+                        "its run stopped before its first save, so there are no weights to start from")
     if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         raise UserError(f"{name} is a folder without config.json, so not a transformers model: give a folder written "
                         "by export.py or save_pretrained")
-    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-    if os.path.isdir(name) and not any(os.path.isfile(os.path.join(name, w)) for w in weights):
-        raise UserError(f"{name} has a config.json but no weights ({', '.join(weights[::2])} or their sharded "
+    if os.path.isdir(name) and not has_weights(name):
+        raise UserError(f"{name} has a config.json but no weights ({', '.join(WEIGHT_FILES[::2])} or their sharded "
                         "index): copy the whole folder that export.py or save_pretrained wrote")
     tf = transformers_module()
     try:

@@ -146,10 +146,22 @@ def test_a_run_folder_given_as_a_transformers_folder_points_to_its_checkpoint(tm
     with pytest.raises(UserError, match=rf"{tmp_path} is a folder without config.json, so not a transformers model"):
         hf.load(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")  # a run's folder has a config.json too: the run's settings
+    (tmp_path / "run.json").write_text("{}")  # killed before its first save: nothing to start from
+    with pytest.raises(UserError, match=rf"{tmp_path} is a training run's folder with no checkpoint \(ckpt.pt\), not "
+                                        "a transformers model: its run stopped before its first save"):
+        hf.load(str(tmp_path))
     (tmp_path / "ckpt.pt").write_bytes(b"weights")
     with pytest.raises(UserError, match=rf"{tmp_path} is a training run's folder, not a transformers model: pass "
                                         rf"--init_from={tmp_path}/ckpt.pt"):
         hf.load(str(tmp_path))
+
+
+def test_an_export_given_as_out_dir_is_told_to_be_init_from(tmp_path):
+    from checkpoint import load_trained
+    hf.to_transformers(random_model()).save_pretrained(str(tmp_path))
+    with pytest.raises(UserError, match=rf"^no checkpoint at {tmp_path}/ckpt.pt: {tmp_path} holds a transformers model "
+                                        rf"\(export.py's, say\): pass --init_from={tmp_path}$"):
+        load_trained("resume", os.path.join(str(tmp_path), "ckpt.pt"))
 
 
 def test_a_transformers_folder_without_weights_says_so(tmp_path):
