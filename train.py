@@ -128,7 +128,8 @@ config_defaults = configurator.config_keys(globals())  # taken here, so only the
 # the run's folder
 
 def check_writable(out_dir: str):
-    """Make sure out_dir can be created or written, without creating it or touching any file in it."""
+    """Make sure out_dir can be created or written, without creating it or touching any file in it (or, to see
+    whether it could be created, leaving anything in the folder it would be made in)."""
     existing = out_dir
     while not os.path.exists(existing):  # the nearest folder that exists decides whether out_dir can be made
         if os.path.islink(existing):  # a link to nothing, such as a scratch disk that is not mounted
@@ -141,8 +142,8 @@ def check_writable(out_dir: str):
         if existing == out_dir:
             with tempfile.TemporaryFile(dir=out_dir):
                 pass
-        elif not os.access(existing, os.W_OK | os.X_OK):
-            raise PermissionError(f"{existing} is read-only")
+        else:  # a folder made there and removed: os.access lets root through where no one can write (/proc)
+            os.rmdir(tempfile.mkdtemp(dir=existing))
     except OSError as e:
         raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another out_dir") from None
 

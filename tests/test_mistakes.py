@@ -275,6 +275,8 @@ CASES = [
          r"no checkpoint at .*moved/ckpt.pt: .*moved keeps ckpt_0000004.pt: --resume_from=ckpt_0000004.pt reads the "
          r"last$", setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "moved")), shutil.copy(
              os.path.join(run, "ckpt.pt"), os.path.join(tmp, "moved", "ckpt_0000004.pt")))),
+    Case("out_dir where nothing can be made", "train.py", ["--dataset={data}", "--out_dir=/proc/run", *TINY],
+         r"out_dir /proc/run is not writable \(.*\): choose another out_dir$"),  # even for root
     Case("resume without its dataset", "train.py", ["--out_dir={run}", *TINY, "--init_from=resume", "--max_iters=8"],
          r"dataset 'openwebtext' .*; the checkpoint's run trained on dataset .*data: give --dataset=.*data, with the "
          r"run's other settings \(its config file\)$"),
