@@ -419,7 +419,7 @@ class GPT(nn.Module):
             else:
                 logits, _ = self(idx[:, -1:], kv_cache=cache)
             logits = logits[:, -1, :n_tokens]
-            if temperature == 0:
+            if temperature < torch.finfo(logits.dtype).tiny:  # 0, or so small that dividing by it is dividing by 0
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:
                 # shifted so the largest is 0 first: a tiny temperature then sends the rest to -inf, never to nan

@@ -114,6 +114,8 @@ def test_a_tiny_positive_temperature_samples_the_greedy_token_instead_of_failing
     idx = torch.tensor([[1, 2], [3, 4]])
     with torch.no_grad():  # 1e-40: logits / temperature alone overflow to inf, and inf - inf is nan in softmax
         assert torch.equal(model.generate(idx, 6, temperature=1e-40), model.generate(idx, 6, temperature=0.0))
+        # 1e-320 is 0 in float32: the largest logit, shifted to 0, would be 0 / 0
+        assert torch.equal(model.generate(idx, 6, temperature=1e-320), model.generate(idx, 6, temperature=0.0))
 
 
 def test_each_gpu_name_gets_its_own_peak_not_that_of_a_name_it_contains():
