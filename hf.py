@@ -296,7 +296,10 @@ def write_tokenizer(vocab: dict | None, vocab_size: int, folder: str) -> str:
 
     chars = (vocab or {}).get("chars")
     if chars is not None:  # one token per character, nothing merged
-        tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+        # a character the model lacks would be dropped from the text without a word; an unknown token that is not
+        # in the vocabulary makes it an error instead, whose message is this name
+        unknown = "<a character this model was not trained on>"
+        tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[], unk_token=unknown))
         tok.decoder = decoders.Fuse()
         eot = vocab_size > len(chars)
         if eot:

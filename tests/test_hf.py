@@ -195,6 +195,8 @@ def test_character_tokenizer_files_map_each_character_to_its_id(tmp_path, eot):
     text = "Abc, cab!\n\nB a? C;"
     assert theirs.encode(text) == [chars.index(c) for c in text]
     assert theirs.decode(theirs.encode(text)) == text
+    with pytest.raises(Exception, match="<a character this model was not trained on>"):  # not 'caf', silently
+        theirs.encode("café")
     if eot:
         assert theirs.eos_token_id == len(chars) and theirs.encode("ab<|endoftext|>c") == [12, 13, len(chars), 14]
         assert theirs.decode([12, len(chars)]) == "a<|endoftext|>"
