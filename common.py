@@ -45,9 +45,11 @@ def excepthook(exc_type, exc, tb):
 
 def peer_lost(exc: BaseException) -> str | None:
     """gloo's reason, when exc is what a collective raises in a process whose peer stopped (its connection
-    closed or reset), else None. NCCL has no such error: a lost peer is found by its watchdog, or by torchrun."""
+    closed or reset), else None; a timeout is not one (the peer may be alive and slow, saving say). NCCL has no
+    such error: a lost peer is found by its watchdog, or by torchrun."""
     found = isinstance(exc, RuntimeError) and re.search(r"gloo/transport/tcp/\w+\.cc:\d+\] (.*?)(\. |\.?$)", str(exc))
-    return found.group(1) if found else None
+    lost = found and re.search(r"Connection (closed|reset) by peer|Broken pipe", found.group(1))
+    return found.group(1) if lost else None
 
 
 # ---- devices and precision

@@ -755,6 +755,20 @@ def test_a_rank_whose_peer_stopped_says_so_in_a_line_and_exits_by_itself(tmp_pat
     assert "Traceback" not in stderr[1]
 
 
+def test_only_a_closed_or_reset_connection_is_a_lost_peer_not_a_timeout():
+    """A timeout may be a peer that is alive and slow (rank 0 saving a large checkpoint): it keeps its traceback."""
+    from common import peer_lost
+    gloo = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/{}] {}"
+    assert peer_lost(RuntimeError(gloo.format("pair.cc:553", "Connection closed by peer [127.0.0.1]:32147. This is "
+                                              "typically caused by a remote worker crashing."))) == \
+        "Connection closed by peer [127.0.0.1]:32147"
+    assert peer_lost(RuntimeError(gloo.format("pair.cc:534", "Read error [127.0.0.1]:1925: Connection reset by peer"))) \
+        == "Read error [127.0.0.1]:1925: Connection reset by peer"
+    assert peer_lost(RuntimeError(gloo.format("unbound_buffer.cc:81", "Timed out waiting 3000ms for recv operation to "
+                                              "complete"))) is None
+    assert peer_lost(RuntimeError("Connection closed by peer")) is None  # not gloo's: not a collective's
+
+
 @pytest.mark.parametrize("kind", ["user", "other"])
 def test_whatever_stops_rank_0_in_its_own_check_stops_the_other_ranks_at_once(tmp_path, kind):
     """Two processes without torchrun, whose agent would kill the survivor: rank 1 must stop by itself with the
