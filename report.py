@@ -158,9 +158,10 @@ class Reporter:
             write_json(os.path.join(self.out_dir, "config.json"), dict(sorted(config.items())))
         with writing_run_files(self.out_dir, "run.json"):
             write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info})
-        with writing_run_files(self.out_dir, "metrics.csv"):
-            if truncate_at is not None:
+        if truncate_at is not None:
+            with writing_run_files(self.out_dir, "metrics.csv"):
                 metrics.truncate(self.out_dir, truncate_at)
+            with writing_run_files(self.out_dir, "samples.txt"):
                 self.samples = truncate_samples(self.out_dir, truncate_at)  # wandb's table goes on with these
         return run_id
 
@@ -211,9 +212,10 @@ class Reporter:
             print(json_text({"iter": it, "max_iters": max_iters, "loss": loss, "lr": lr, "tokens": tokens,
                               "tokens_per_sec": tokens_per_sec, "mfu": mfu, "grad_norm": grad_norm,
                               "elapsed_s": elapsed, "eta_s": eta}), flush=True)
-        # announced once 10 steps are done, the untimed first one among them (so at iter 10 with log_interval 10)
+        # announced once 10 steps are done, the untimed first one among them (so at iter 10 with log_interval 10),
+        # and never for no step left (a session of a few steps, resumed near the end)
         if (not self.eta_announced and 0 < steps_done >= min(9, max_iters - (it - steps_done)) and it < max_iters
-                and self.format == "text"):  # none when no step remains (a session of a few steps, resumed near the end)
+                and self.format == "text"):
             self.eta_announced = True
             print(f"estimated time for the remaining {max_iters - it:,} steps: {format_duration(eta)} "
                   f"({train_time / steps_done * 1000:.1f} ms/step so far, evaluations not included)")

@@ -474,6 +474,12 @@ def test_a_run_file_that_cannot_be_written_is_one_error_line_that_offers_a_resum
     result = {"init_from": "resume", "iter": 4, "train_loss": 2.0, "val_loss": 2.1}
     with pytest.raises(UserError, match=r"cannot write .*eval.json.tmp \(Is a directory\): .*then run again$"):
         reporter.eval_only(result)
+    # a resume cuts samples.txt back to its step: a full disk there (no file name in the error) names that file
+    os.rmdir(tmp_path / "metrics.csv")
+    (tmp_path / "samples.txt").write_text("---- iter 2 ----\nab\n---- iter 4 ----\ncd\n")
+    os.symlink("/dev/full", tmp_path / "samples.txt.tmp")
+    with pytest.raises(UserError, match=rf"^cannot write {tmp_path / 'samples.txt'} \(No space left on device\)"):
+        reporter.start({}, {}, 2, None)
 
 
 def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
