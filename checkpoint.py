@@ -57,10 +57,13 @@ def save_checkpoint(checkpoint: dict, path: str):
     except (OSError, RuntimeError) as e:  # torch reports a failed write (a full disk) as a RuntimeError
         reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[0]
         # a disk that fills mid-write reaches torch as a short write ("unexpected pos ..."): the space says more
-        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
-        raise UserError(f"could not write checkpoint {path} ({reason}; {free / 2**20:,.1f} MiB free on its disk): the "
-                        "previous checkpoint is unchanged; if the disk is full, free space or choose another "
-                        "out_dir") from e
+        try:
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+            reason += f"; {free / 2**20:,.1f} MiB free on its disk"
+        except OSError:  # the folder itself is gone (unmounted, deleted): the reason says so
+            pass
+        raise UserError(f"could not write checkpoint {path} ({reason}): the previous checkpoint is unchanged; if the "
+                        "disk is full, free space or choose another out_dir") from e
 
 
 PROGRESS_KEYS = ("iter_num", "tokens", "best_val_loss", "best_iter")  # where the run stands

@@ -395,6 +395,9 @@ def test_save_checkpoint_replaces_whole_files_and_keeps_the_old_one_on_failure(t
     with pytest.raises(UserError, match=r"the weights are not finite \(1 tensors, e.g. w\) at iter 4"):
         save_checkpoint({"iter_num": 4, "model": {"w": torch.tensor([1.0, float("nan")])}}, path)
     assert torch.load(path, weights_only=True) == {"iter_num": 2, "model": {}}
+    # out_dir gone mid-run (unmounted, deleted): the line says so, with no free space to look up
+    with pytest.raises(UserError, match=r"could not write checkpoint .*gone/ckpt.pt \(No such file or directory\): "):
+        save_checkpoint({"iter_num": 3, "model": {}}, str(tmp_path / "gone" / "ckpt.pt"))
 
 
 def trained_checkpoint():
