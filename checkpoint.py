@@ -256,8 +256,8 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     """The model that sample.py, export.py and eval.py read: the checkpoint at ckpt_path with init_from='resume',
     else what init_from names (see load_pretrained); and its vocabulary (None: GPT-2's BPE)."""
     if init_from == "resume" and not os.path.isfile(ckpt_path):
-        folder = os.path.dirname(ckpt_path)
-        if hf.has_weights(folder or "."):  # an export given as out_dir
+        folder = os.path.dirname(ckpt_path) or "."
+        if hf.has_weights(folder):  # an export given as out_dir
             raise UserError(f"no checkpoint at {ckpt_path}: {folder} holds a transformers model (export.py's, say): "
                             f"pass --init_from={folder}")
         raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint"

@@ -205,9 +205,11 @@ def load(name: str, dropout: float = 0.0) -> GPT:
     if os.path.isdir(name) and os.path.isfile(os.path.join(name, "ckpt.pt")):  # an export never holds one
         raise UserError(f"{name} is a training run's folder, not a transformers model: pass --init_from="
                         f"{os.path.join(name, 'ckpt.pt')} (or, to continue that run, --out_dir={name} --init_from=resume)")
-    if os.path.isdir(name) and os.path.isfile(os.path.join(name, "run.json")):  # train.py's, before its first save
-        raise UserError(f"{name} is a training run's folder with no checkpoint (ckpt.pt), not a transformers model: "
-                        "its run stopped before its first save, so there are no weights to start from")
+    if os.path.isdir(name) and os.path.isfile(os.path.join(name, "run.json")):  # train.py's, without its ckpt.pt
+        saved = sorted(f for f in os.listdir(name) if f.endswith(".pt"))  # best.pt, kept ckpt_<iter>.pt
+        raise UserError(f"{name} is a training run's folder with no ckpt.pt, not a transformers model: "
+                        + (f"pass --init_from={os.path.join(name, saved[-1])} (it keeps {', '.join(saved)})" if saved
+                           else "its run stopped before its first save, so there are no weights to start from"))
     if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         raise UserError(f"{name} is a folder without config.json, so not a transformers model: give a folder written "
                         "by export.py or save_pretrained")

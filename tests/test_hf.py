@@ -147,8 +147,14 @@ def test_a_run_folder_given_as_a_transformers_folder_points_to_its_checkpoint(tm
         hf.load(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")  # a run's folder has a config.json too: the run's settings
     (tmp_path / "run.json").write_text("{}")  # killed before its first save: nothing to start from
-    with pytest.raises(UserError, match=rf"{tmp_path} is a training run's folder with no checkpoint \(ckpt.pt\), not "
+    with pytest.raises(UserError, match=rf"{tmp_path} is a training run's folder with no ckpt.pt, not "
                                         "a transformers model: its run stopped before its first save"):
+        hf.load(str(tmp_path))
+    for kept in ("best.pt", "ckpt_0000100.pt"):  # ckpt.pt moved away, to go back to a kept step
+        (tmp_path / kept).write_bytes(b"weights")
+    with pytest.raises(UserError, match=rf"{tmp_path} is a training run's folder with no ckpt.pt, not a transformers "
+                                        rf"model: pass --init_from={tmp_path}/ckpt_0000100.pt \(it keeps best.pt, "
+                                        r"ckpt_0000100.pt\)"):
         hf.load(str(tmp_path))
     (tmp_path / "ckpt.pt").write_bytes(b"weights")
     with pytest.raises(UserError, match=rf"{tmp_path} is a training run's folder, not a transformers model: pass "
@@ -156,12 +162,15 @@ def test_a_run_folder_given_as_a_transformers_folder_points_to_its_checkpoint(tm
         hf.load(str(tmp_path))
 
 
-def test_an_export_given_as_out_dir_is_told_to_be_init_from(tmp_path):
+def test_an_export_given_as_out_dir_is_told_to_be_init_from(tmp_path, monkeypatch):
     from checkpoint import load_trained
     hf.to_transformers(random_model()).save_pretrained(str(tmp_path))
     with pytest.raises(UserError, match=rf"^no checkpoint at {tmp_path}/ckpt.pt: {tmp_path} holds a transformers model "
                                         rf"\(export.py's, say\): pass --init_from={tmp_path}$"):
         load_trained("resume", os.path.join(str(tmp_path), "ckpt.pt"))
+    monkeypatch.chdir(tmp_path)  # --out_dir= (the folder it runs in): named as ., not left blank
+    with pytest.raises(UserError, match=r"^no checkpoint at ckpt.pt: \. holds a transformers model .*: pass --init_from=\.$"):
+        load_trained("resume", "ckpt.pt")
 
 
 def test_a_transformers_folder_without_weights_says_so(tmp_path):
