@@ -250,10 +250,13 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
     if warmup_iters >= lr_decay_iters and warmup_iters > 0 and schedule != "constant":
         return (f"warmup_iters {warmup_iters} is not below lr_decay_iters {lr_decay_iters}: the learning rate drops "
                 "from learning_rate to min_lr in one step after the warmup; raise lr_decay_iters (usually max_iters)")
-    cooldown = lr_decay_iters - wsd_cooldown_start(warmup_iters, lr_decay_iters, cooldown_frac)
-    if schedule in ("wsd", "wsd-sqrt") and cooldown < 2 and lr_decay_iters > 0:
-        return (f"the cooldown, cooldown_frac {cooldown_frac} of lr_decay_iters {lr_decay_iters}, is {cooldown} "
-                "step(s): no step trains between learning_rate and min_lr; raise cooldown_frac or lr_decay_iters")
+    start = wsd_cooldown_start(warmup_iters, lr_decay_iters, cooldown_frac)
+    if schedule in ("wsd", "wsd-sqrt") and lr_decay_iters - start < 2 and lr_decay_iters > 0:
+        squeezed = start == warmup_iters > 0  # the warmup ends where the cooldown would have begun
+        return (f"the cooldown, from {'the end of the warmup' if squeezed else f'cooldown_frac {cooldown_frac}'} to "
+                f"lr_decay_iters {lr_decay_iters}, is {lr_decay_iters - start} step(s): no step trains between "
+                "learning_rate and min_lr; " + ("lower warmup_iters" if squeezed else "raise cooldown_frac")
+                + " or raise lr_decay_iters")
     return None
 
 

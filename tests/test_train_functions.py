@@ -71,8 +71,13 @@ def test_a_warmup_as_long_as_the_run_or_the_decay_is_named():
 def test_a_wsd_cooldown_with_no_step_between_the_rates_is_named():
     """round(0.2 * 7) is 1: the cooldown's one step runs at learning_rate and the run never trains below it."""
     assert [get_lr(i, 1.0, 0, 7, 0.1, "wsd", 0.2) for i in range(7)] == [1.0] * 7
-    assert schedule_problem(0, 7, 7, "wsd", 0.2).startswith(
-        "the cooldown, cooldown_frac 0.2 of lr_decay_iters 7, is 1 step(s): no step trains between learning_rate")
+    assert schedule_problem(0, 7, 7, "wsd", 0.2) == ("the cooldown, from cooldown_frac 0.2 to lr_decay_iters 7, is 1 "
+                                                     "step(s): no step trains between learning_rate and min_lr; raise "
+                                                     "cooldown_frac or raise lr_decay_iters")
+    # a warmup that ends where the cooldown would have begun: cooldown_frac is not what to change
+    assert schedule_problem(99, 100, 100, "wsd", 1.0).endswith("from the end of the warmup to lr_decay_iters 100, is "
+                                                               "1 step(s): no step trains between learning_rate and "
+                                                               "min_lr; lower warmup_iters or raise lr_decay_iters")
     assert schedule_problem(0, 7, 7, "wsd-sqrt", 0.3) is None  # 2 steps: one of them below learning_rate
     assert get_lr(6, 1.0, 0, 7, 0.1, "wsd", 0.3) == pytest.approx(0.55)
     assert schedule_problem(0, 7, 7, "cosine", 0.2) is None
