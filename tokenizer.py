@@ -172,9 +172,9 @@ def encode_setting(encode, setting: str, text: str, default: str | None = None) 
     except UserError as e:
         if text != default:
             raise UserError(f"{setting}: {e}") from None
-        try:
-            encode("<|endoftext|>")
-            separator = f", or --{setting}='<|endoftext|>' to start where a document does"
+        try:  # one token: the model's separator, not the 13 characters of its name
+            separator = f", or --{setting}='<|endoftext|>' to start where a document does" \
+                if len(encode("<|endoftext|>")) == 1 else ""
         except UserError:
             separator = ""
         raise UserError(f"{setting}: {e} (this is the default {setting}, {default!r}: give --{setting}=TEXT"

@@ -255,6 +255,10 @@ def test_a_character_codec_encodes_the_separator_as_its_token_where_the_model_ha
     assert str(refused.value) == ("start: the text has characters the dataset does not: ['\\n']: write it with the "
                                   "characters the model was trained on (this is the default start, '\\n': give "
                                   "--start=TEXT, or --start='<|endoftext|>' to start where a document does)")
+    # an alphabet that spells <|endoftext|> without the separator's id: its 13 characters are no document start
+    spelled, _ = codec({"tokenizer": "char", "chars": "".join(sorted(set("<|endoftext|> abc")))}, 14)
+    with pytest.raises(UserError, match=r"\(this is the default start, '\\n': give --start=TEXT\)$"):
+        encode_setting(spelled, "start", "\n", default="\n")
     with pytest.raises(UserError, match=r"^start: the text has characters the dataset does not: \['x'\]: write it "
                                         r"with the characters the model was trained on$"):
         encode_setting(encode, "start", "x", default="\n")
