@@ -314,7 +314,8 @@ class GPT(nn.Module):
     def parameters_text(self) -> str:
         """The count the scripts print: every parameter (as export.py's transformers model counts them), then,
         when fewer, the multiplied ones that get_num_params gives (nanoGPT's printed count, the N of MFU)."""
-        total, multiplied = (f"{n / 1e6:.2f}M" for n in (self.get_num_params(non_embedding=False), self.get_num_params()))
+        counts = (self.get_num_params(non_embedding=False), self.get_num_params())
+        total, multiplied = (f"{n / 1e6:.2f}M" for n in counts)
         return f"{total} parameters" + (f" ({multiplied} without the embedding tables that are only looked up)"
                                         if multiplied != total else "")
 

@@ -768,8 +768,8 @@ def test_only_a_closed_or_reset_connection_is_a_lost_peer_not_a_timeout():
     assert peer_lost(RuntimeError(gloo.format("pair.cc:553", "Connection closed by peer [127.0.0.1]:32147. This is "
                                               "typically caused by a remote worker crashing."))) == \
         "Connection closed by peer [127.0.0.1]:32147"
-    assert peer_lost(RuntimeError(gloo.format("pair.cc:534", "Read error [127.0.0.1]:1925: Connection reset by peer"))) \
-        == "Read error [127.0.0.1]:1925: Connection reset by peer"
+    reset = "Read error [127.0.0.1]:1925: Connection reset by peer"
+    assert peer_lost(RuntimeError(gloo.format("pair.cc:534", reset))) == reset
     assert peer_lost(RuntimeError(gloo.format("unbound_buffer.cc:81", "Timed out waiting 3000ms for recv operation to "
                                               "complete"))) is None
     assert peer_lost(RuntimeError("Connection closed by peer")) is None  # not gloo's: not a collective's

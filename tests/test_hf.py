@@ -169,7 +169,8 @@ def test_an_export_given_as_out_dir_is_told_to_be_init_from(tmp_path, monkeypatc
                                         rf"\(export.py's, say\): pass --init_from={tmp_path}$"):
         load_trained("resume", os.path.join(str(tmp_path), "ckpt.pt"))
     monkeypatch.chdir(tmp_path)  # --out_dir= (the folder it runs in): named as ., not left blank
-    with pytest.raises(UserError, match=r"^no checkpoint at ckpt.pt: \. holds a transformers model .*: pass --init_from=\.$"):
+    with pytest.raises(UserError, match=r"^no checkpoint at ckpt.pt: \. holds a transformers model .*: "
+                                        r"pass --init_from=\.$"):
         load_trained("resume", "ckpt.pt")
 
 

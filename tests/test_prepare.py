@@ -246,7 +246,8 @@ def test_a_character_codec_encodes_the_separator_as_its_token_where_the_model_ha
     from tokenizer import codec, encode_setting
     vocab = {"tokenizer": "char", "chars": "abc"}
     encode, decode = codec(vocab, 4)
-    assert encode("<|endoftext|>ab<|endoftext|>c") == [3, 0, 1, 3, 2] and decode([3, 0, 1, 3, 2]) == "<|endoftext|>ab<|endoftext|>c"
+    assert encode("<|endoftext|>ab<|endoftext|>c") == [3, 0, 1, 3, 2]
+    assert decode([3, 0, 1, 3, 2]) == "<|endoftext|>ab<|endoftext|>c"
     with pytest.raises(UserError, match=r"the text has characters the dataset does not: \['<', '>', 'd'"):
         codec(vocab, 3)[0]("<|endoftext|>")  # nanoGPT's shakespeare_char: a model with no such id
     # the default prompt, a newline, in a dataset of one-line documents: said to be the default, with what to give
@@ -283,8 +284,8 @@ def test_prepared_corpus_trains_and_samples(tmp_path, tokenizer):
     # characters exactly, as nanoGPT; GPT-2's 50257 padded to 50304, as nanoGPT pads it
     assert checkpoint["model_args"]["vocab_size"] == (meta["vocab_size"] if tokenizer == "char" else 50304)
     if tokenizer == "char":  # the documents' separator, as the model saw it: one token, which sampling writes back
-        sample = run_script("sample.py", f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--start=<|endoftext|>Document",
-                            "--max_new_tokens=5", "--num_samples=1", cwd=str(tmp_path))
+        sample = run_script("sample.py", f"--out_dir={tmp_path / 'out'}", "--device=cpu",
+                            "--start=<|endoftext|>Document", "--max_new_tokens=5", "--num_samples=1", cwd=str(tmp_path))
         assert sample.returncode == 0, sample.stderr
         assert sample.stdout.startswith("<|endoftext|>Document")
     if tokenizer == "gpt2":  # a model that would sample padding ids, which tiktoken cannot decode: neither sampler does

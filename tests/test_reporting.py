@@ -316,6 +316,6 @@ def test_the_time_estimate_is_announced_once_after_ten_steps_and_never_with_no_s
         for it in range(first, last + 1):
             reporter.step(it, max_iters, 64 * it, 2.0, 1e-3, 1.0, 0.1, 640.0, None, 1.0, it - first, 0.1 * (it - first))
         return [line for line in capsys.readouterr().out.splitlines() if line.startswith("estimated time")]
-    assert session(0, 30, 100) == ["estimated time for the remaining 91 steps: 0:00:09 (100.0 ms/step so far, evaluations "
-                                   "not included)"]
+    assert session(0, 30, 100) == ["estimated time for the remaining 91 steps: 0:00:09 (100.0 ms/step so far, "
+                                   "evaluations not included)"]
     assert session(95, 100, 100) == []  # resumed at 95: no estimate of the 0 steps left at the end
