@@ -272,6 +272,19 @@ def dataset_vocab_size(dataset: str) -> int:
     return model_vocab_size(*declared_vocab(data_dir))
 
 
+def unprepared(dataset: str) -> str | None:
+    """Why a dataset gives no vocabulary here (not found, or a folder with no token files or meta), else None:
+    the model is then timed at GPT-2's, which a character dataset's 65 is far from."""
+    from dataset import find_dataset
+    try:
+        data_dir = find_dataset(dataset)
+    except UserError as e:
+        return str(e)
+    if any(f.endswith(".bin") or f in ("meta.json", "meta.pkl") for f in os.listdir(data_dir)):
+        return None
+    return f"dataset '{dataset}' is not prepared in {data_dir}"
+
+
 def gpt_config(cfg: dict) -> GPTConfig:
     """The model of the config cfg. vocab_size 0 takes the one train.py would for the dataset (GPT-2's padded
     50304 where it is not prepared)."""
@@ -636,6 +649,9 @@ if __name__ == "__main__":
         print("on a CPU, the model keys left at their defaults are shrunk: "
               + ", ".join(f"{k}={v}" for k, v in shrunk.items()))
     globals().update(config)
+    why = unprepared(dataset) if not vocab_size and dataset != config_defaults["dataset"] else None
+    if why:  # the default, openwebtext, is GPT-2's vocabulary either way
+        print(f"note: {why}; until it is, the model is timed with GPT-2's vocabulary, 50304 (or give --vocab_size=N)")
     if batch_size == "auto" and mode != "train":
         raise UserError(f"batch_size='auto' plans training memory: give --mode={mode} a number, e.g. --batch_size=12")
     if mode == "get_batch":
