@@ -654,6 +654,8 @@ if __name__ == "__main__":
         print(f"note: {why}; until it is, the model is timed with GPT-2's vocabulary, 50304 (or give --vocab_size=N)")
     if batch_size == "auto" and mode != "train":
         raise UserError(f"batch_size='auto' plans training memory: give --mode={mode} a number, e.g. --batch_size=12")
+    if mode in ("get_batch", "prepare"):  # a SIGTERM (a budget's, the GPU suite's) unwinds: their temporary files go
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if mode == "get_batch":
         bench_get_batch(batch_size, block_size, token_file_tokens)
         sys.exit(0)

@@ -332,6 +332,22 @@ def test_bench_compare_stopped_while_building_times_one_round_of_the_configs_bui
     assert re.search(r"^B1/A tokens/s: [\d.]+x", output, re.M) and "B2/A" not in output
 
 
+def test_a_sigterm_to_a_data_bench_removes_its_token_files(tmp_path):
+    """--mode=get_batch writes token files of hundreds of MB to a temporary folder: gone on SIGTERM as on Ctrl-C."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--mode=get_batch", "--device=cpu",
+                             "--batch_size=256", "--block_size=1024", "--token_file_tokens=2000000"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob("*/tokens_uint16.bin")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "bench ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr, stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bench_gives_a_dataset_the_vocabulary_train_gives_it(char_data, tmp_path):
     import bench
     from conftest import char_vocab_size
