@@ -193,6 +193,17 @@ def test_a_session_of_one_step_takes_its_means_from_that_step(char_data, tmp_pat
     assert "warning: warmup_iters 5 is not below max_iters 1: the learning rate never reaches" in result.stderr
 
 
+def test_a_schedule_that_decay_lr_false_leaves_unused_is_named(char_data, tmp_path):
+    """A fork of a finetune config (decay_lr = False) that adds lr_schedule='wsd' trains at a constant rate."""
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=3, eval_interval=3), "--decay_lr=False",
+                        "--lr_schedule=wsd", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "warning: lr_schedule='wsd' is not used: decay_lr=False keeps learning_rate from the first step to the " \
+           "last" in result.stderr
+    assert len({row["lr"] for row in read_metrics(out) if row["lr"]}) == 1  # as it says: one rate throughout
+
+
 def test_help_shows_every_key_that_the_gpt2_config_sets(tmp_path):
     import ast
     result = run_script("train.py", "--help", cwd=str(tmp_path))
