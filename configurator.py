@@ -172,9 +172,16 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
     defaults, config = config, dict(config)
     setting_rules = rules(script, config) if script is not None else {}
     autos = {k for k, rule in setting_rules.items() if "'auto'" in rule and type(config[k]) is not str}
+    flags = {}  # key: the flag that set it, for a config file after it that sets it again
     for arg in argv:
         if not arg.startswith("--"):
-            config.update(apply_file(arg, config, ignored, autos, defaults, given))
+            assigned = apply_file(arg, config, ignored, autos, defaults, given)
+            overridden = [flags[k] for k, v in assigned.items() if k in flags and v != config[k]]
+            if overridden and check:  # in order, as nanoGPT reads them, but a flag typed and then lost is a slip
+                print(f"warning: config file {arg} sets {', '.join(f[2:].partition('=')[0] for f in overridden)} "
+                      f"over {' '.join(overridden)} before it: put flags after the config file for them to win",
+                      file=sys.stderr)
+            config.update(assigned)
             continue
         key, sep, raw = arg[2:].partition("=")  # split on the first '=' only: --wandb_run_name=lr=3e-4
         if not sep:
@@ -182,6 +189,7 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
         if key in ignored:
             continue
         config[key] = _checked(key, parse_value(raw, defaults.get(key)), defaults, f"flag '{arg}'", autos)
+        flags[key] = arg
         if given is not None:
             given.add(key)
     if check:

@@ -74,6 +74,17 @@ def test_config_file_then_flag_in_order(tmp_path):
     assert config["batch_size"] == 8 and config["learning_rate"] == pytest.approx(64e-5)
 
 
+def test_a_flag_before_a_config_file_that_sets_it_again_is_warned_of(tmp_path, capsys):
+    path = tmp_path / "exp.py"
+    path.write_text("batch_size = 64\nout_dir = 'out'\n")
+    config = configure(DEFAULTS, ["--batch_size=8", "--out_dir=out", "--compile=False", str(path)])
+    assert config["batch_size"] == 64 and config["compile"] is False  # in order, as nanoGPT reads them
+    assert capsys.readouterr().err == (f"warning: config file {path} sets batch_size over --batch_size=8 before it: put "
+                                       "flags after the config file for them to win\n")  # out_dir: the same value
+    configure(DEFAULTS, [str(path), "--batch_size=8"])
+    assert capsys.readouterr().err == ""
+
+
 def test_a_config_file_of_another_script_is_named_so_and_typos_still_get_the_closest_key(tmp_path):
     typos = tmp_path / "typos.py"
     typos.write_text("learning_rat = 1e-3\nbatchsize = 8\nn_gpus = 8\n")  # two typos and a stray name
