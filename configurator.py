@@ -43,6 +43,8 @@ def _checked(key: str, value, defaults: dict, source: str, autos=()):
     if key not in defaults:
         close = difflib.get_close_matches(key, defaults, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the keys"
+        if not close and source.startswith("config file"):  # a helper variable, most likely
+            hint += f" (a config file's own helper names start with _: _{key} is not a setting)"
         raise UserError(f"unknown config key '{key}' in {source}{hint}")
     default = defaults[key]
     if type(default) is float and type(value) is int:

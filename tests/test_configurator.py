@@ -187,6 +187,16 @@ def test_help_lists_exactly_the_config_block_with_no_empty_headings(tmp_path):
     assert headings and all(len(h) > 1 for h in headings)
 
 
+def test_a_helper_name_in_a_config_file_is_told_to_start_with_an_underscore(tmp_path):
+    path = tmp_path / "exp.py"
+    path.write_text("n = 3\nbatch_size = n\n")
+    with pytest.raises(UserError, match=r"^unknown config key 'n' in config file .*exp.py'; see --help for the keys \(a "
+                                        r"config file's own helper names start with _: _n is not a setting\)$"):
+        configure(DEFAULTS, [str(path)])
+    path.write_text("_n = 3\nbatch_size = _n\n")
+    assert configure(DEFAULTS, [str(path)])["batch_size"] == 3
+
+
 def test_a_module_constant_is_not_a_setting(tmp_path):
     result = run_script("train.py", "--EVAL_STREAM=7", cwd=str(tmp_path))
     assert result.returncode != 0
