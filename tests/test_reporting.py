@@ -193,6 +193,18 @@ def test_a_session_of_one_step_takes_its_means_from_that_step(char_data, tmp_pat
     assert "warning: warmup_iters 5 is not below max_iters 1: the learning rate never reaches" in result.stderr
 
 
+def test_a_run_that_has_not_logged_yet_is_told_apart_from_a_folder_that_is_no_run(tmp_path):
+    """plot.py in the first seconds of a run (its first evaluation): run.json is there, metrics.csv not yet."""
+    import metrics
+    from common import UserError
+    with pytest.raises(UserError, match=r"metrics.csv not found: give the out_dir of a run$"):
+        metrics.read_rows(str(tmp_path))
+    (tmp_path / "run.json").write_text("{}")
+    with pytest.raises(UserError, match=rf"metrics.csv not found: the run in {tmp_path} has not logged a step yet; "
+                                        "try again later$"):
+        metrics.read_rows(str(tmp_path))
+
+
 def test_a_schedule_that_decay_lr_false_leaves_unused_is_named(char_data, tmp_path):
     """A fork of a finetune config (decay_lr = False) that adds lr_schedule='wsd' trains at a constant rate."""
     out = str(tmp_path / "out")
