@@ -89,7 +89,7 @@ num_steps = 20  # timed steps (per round, with compare) [num_steps > 0]
 compare = ""  # flags for a second config to time against this one, in alternation, e.g. "--compile=False"; prints the speed ratio; several configs separated by ';' are each timed against this one; --mode=train only, and not with --profile [compare == '' or (mode == 'train' and not profile)]
 rounds = 5  # with compare: rounds of num_steps steps of each config in turn; the ratio's spread is over rounds [rounds > 0]
 gen_tokens = 500  # --mode=generate: new tokens per sample, after a one-token prompt [gen_tokens > 0]
-profile = False  # write a torch profiler trace (bench_trace/, for TensorBoard or Perfetto) instead of timing
+profile = False  # write a torch profiler trace (bench_trace/, for TensorBoard or Perfetto) instead of timing; --mode=train only [not profile or mode == 'train']
 seed = 1337  # seeds init and the batches [0 <= seed < 2**63]
 # ---- data pipeline benchmarks
 token_file_tokens = 50_000_000  # --mode=get_batch: size of the random token files (uint16 and uint32) it reads [token_file_tokens > block_size]

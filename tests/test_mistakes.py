@@ -477,6 +477,8 @@ CASES = [
          r"batch_size='auto' plans training memory: give --mode=generate a number"),
     Case("bench vocab too small", "bench.py", ["--device=cpu", "--real_data=True", "--dataset={data}", "--vocab_size=10"],
          r"has token id \d+, out of range for vocab_size 10"),
+    Case("bench profile of generate", "bench.py", ["--mode=generate", "--profile=True", "--device=cpu"],
+         r"profile=True is not valid: profile must satisfy not profile or mode == 'train' \(with mode='generate'\)"),
     Case("bench corpus missing", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/nope.txt"], r"corpus_text .*nope.txt is not a file"),
     Case("bench corpus not UTF-8", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/latin1.txt", "--corpus_mb=1"],
          r"corpus_text .*latin1.txt is not UTF-8 text", setup=lambda tmp, run, data: open(os.path.join(tmp, "latin1.txt"), "wb").write(b"caf\xe9")),
