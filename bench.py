@@ -665,7 +665,8 @@ if __name__ == "__main__":
     if mode == "prepare":
         if not os.path.isfile(corpus_text):
             raise UserError(f"corpus_text {corpus_text} is not a file: give --corpus_text=PATH (a text of a few MB), "
-                            "or run data/shakespeare_char/prepare.py without --input, which keeps there the text it downloads")
+                            "or run data/shakespeare_char/prepare.py without --input, which keeps there the text it "
+                            "downloads")
         bench_prepare(corpus_text, sorted({max(1, corpus_mb // 3), corpus_mb}), gpt2_tiktoken)
         sys.exit(0)
     if mode == "generate":

@@ -79,8 +79,8 @@ def test_a_flag_before_a_config_file_that_sets_it_again_is_warned_of(tmp_path, c
     path.write_text("batch_size = 64\nout_dir = 'out'\n")
     config = configure(DEFAULTS, ["--batch_size=8", "--out_dir=out", "--compile=False", str(path)])
     assert config["batch_size"] == 64 and config["compile"] is False  # in order, as nanoGPT reads them
-    assert capsys.readouterr().err == (f"warning: config file {path} sets batch_size over --batch_size=8 before it: put "
-                                       "flags after the config file for them to win\n")  # out_dir: the same value
+    assert capsys.readouterr().err == (f"warning: config file {path} sets batch_size over --batch_size=8 before it: "
+                                       "put flags after the config file for them to win\n")  # out_dir: the same value
     configure(DEFAULTS, [str(path), "--batch_size=8"])
     assert capsys.readouterr().err == ""
 
@@ -190,8 +190,8 @@ def test_help_lists_exactly_the_config_block_with_no_empty_headings(tmp_path):
 def test_a_helper_name_in_a_config_file_is_told_to_start_with_an_underscore(tmp_path):
     path = tmp_path / "exp.py"
     path.write_text("n = 3\nbatch_size = n\n")
-    with pytest.raises(UserError, match=r"^unknown config key 'n' in config file .*exp.py'; see --help for the keys \(a "
-                                        r"config file's own helper names start with _: _n is not a setting\)$"):
+    with pytest.raises(UserError, match=r"^unknown config key 'n' in config file .*exp.py'; see --help for the keys "
+                                        r"\(a config file's own helper names start with _: _n is not a setting\)$"):
         configure(DEFAULTS, [str(path)])
     path.write_text("_n = 3\nbatch_size = _n\n")
     assert configure(DEFAULTS, [str(path)])["batch_size"] == 3

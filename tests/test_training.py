@@ -359,7 +359,8 @@ def test_bench_gives_a_dataset_the_vocabulary_train_gives_it(char_data, tmp_path
     assert bench.dataset_vocab_size(str(tmp_path / "not_prepared")) == 50304
     # said, as a character config timed at 50304 would be another model: not found, or a folder of no data
     assert bench.unprepared(char_data) is None and bench.unprepared(str(tmp_path)) is None
-    assert bench.unprepared(str(tmp_path / "not_prepared")).startswith(f"dataset '{tmp_path / 'not_prepared'}' not found")
+    not_prepared = str(tmp_path / "not_prepared")
+    assert bench.unprepared(not_prepared).startswith(f"dataset '{not_prepared}' not found")
     os.makedirs(tmp_path / "empty")
     assert bench.unprepared(str(tmp_path / "empty")) == f"dataset '{tmp_path / 'empty'}' is not prepared in " \
                                                          f"{tmp_path / 'empty'}"
