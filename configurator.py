@@ -43,8 +43,6 @@ def _checked(key: str, value, defaults: dict, source: str, autos=()):
     if key not in defaults:
         close = difflib.get_close_matches(key, defaults, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the keys"
-        if not close and source.startswith("config file"):  # a helper variable, most likely
-            hint += f" (a config file's own helper names start with _: _{key} is not a setting)"
         raise UserError(f"unknown config key '{key}' in {source}{hint}")
     default = defaults[key]
     if type(default) is float and type(value) is int:
@@ -153,6 +151,11 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         raise UserError(f"config file '{path}' sets {len(unknown)} settings this script does not have ("
                         f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): it reads as another script's "
                         f"config{hint}; see --help for this one's settings")
+    helpers = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for key in unknown:  # one the file reads itself (n = 4; n_layer = n) is a helper, not a misspelt setting
+        if key in helpers and not difflib.get_close_matches(key, known, n=1):
+            raise UserError(f"unknown config key '{key}' in config file '{path}': a name the file only uses itself "
+                            f"must start with _ (_{key}), as names that do are not settings")
     if given is not None:
         given |= scope.assigned & set(settings)
     return {key: _checked(key, value, defaults or config, f"config file '{path}'", autos)
@@ -174,15 +177,11 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
     defaults, config = config, dict(config)
     setting_rules = rules(script, config) if script is not None else {}
     autos = {k for k, rule in setting_rules.items() if "'auto'" in rule and type(config[k]) is not str}
-    flags = {}  # key: the flag that set it, for a config file after it that sets it again
+    flags, lost = {}, {}  # key: the flag that set it; and, of those, the ones a later config file set otherwise
     for arg in argv:
         if not arg.startswith("--"):
             assigned = apply_file(arg, config, ignored, autos, defaults, given)
-            overridden = [flags[k] for k, v in assigned.items() if k in flags and v != config[k]]
-            if overridden and check:  # in order, as nanoGPT reads them, but a flag typed and then lost is a slip
-                print(f"warning: config file {arg} sets {', '.join(f[2:].partition('=')[0] for f in overridden)} "
-                      f"over {' '.join(overridden)} before it: put flags after the config file for them to win",
-                      file=sys.stderr)
+            lost |= {k: (flags.pop(k), arg) for k, v in assigned.items() if k in flags and v != config[k]}
             config.update(assigned)
             continue
         key, sep, raw = arg[2:].partition("=")  # split on the first '=' only: --wandb_run_name=lr=3e-4
@@ -192,8 +191,14 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
             continue
         config[key] = _checked(key, parse_value(raw, defaults.get(key)), defaults, f"flag '{arg}'", autos)
         flags[key] = arg
+        lost.pop(key, None)  # given again after the file: it wins
         if given is not None:
             given.add(key)
+    # in order, as nanoGPT reads them, but a flag typed and then lost is a slip; said once (rank 0, under torchrun)
+    if lost and check and os.environ.get("RANK", "0") == "0":
+        print("warning: " + "; ".join(f"config file {path} sets {k} over {flag} before it" for k, (flag, path)
+                                      in lost.items()) + ": put flags after the config file for them to win",
+              file=sys.stderr)
     if check:
         check_rules(config, setting_rules)
     return config

@@ -83,6 +83,10 @@ def test_a_flag_before_a_config_file_that_sets_it_again_is_warned_of(tmp_path, c
                                        "put flags after the config file for them to win\n")  # out_dir: the same value
     configure(DEFAULTS, [str(path), "--batch_size=8"])
     assert capsys.readouterr().err == ""
+    configure(DEFAULTS, ["--batch_size=8", str(path), "--batch_size=4"])  # given again after it: the flag wins
+    assert capsys.readouterr().err == ""
+    configure(DEFAULTS, ["--batch_size=8", str(path), str(path)])  # said once, of the flag the first file set over
+    assert capsys.readouterr().err.count("warning") == 1
 
 
 def test_a_config_file_of_another_script_is_named_so_and_typos_still_get_the_closest_key(tmp_path):
@@ -190,8 +194,11 @@ def test_help_lists_exactly_the_config_block_with_no_empty_headings(tmp_path):
 def test_a_helper_name_in_a_config_file_is_told_to_start_with_an_underscore(tmp_path):
     path = tmp_path / "exp.py"
     path.write_text("n = 3\nbatch_size = n\n")
-    with pytest.raises(UserError, match=r"^unknown config key 'n' in config file .*exp.py'; see --help for the keys "
-                                        r"\(a config file's own helper names start with _: _n is not a setting\)$"):
+    with pytest.raises(UserError, match=r"^unknown config key 'n' in config file .*exp.py': a name the file only uses "
+                                        r"itself must start with _ \(_n\), as names that do are not settings$"):
+        configure(DEFAULTS, [str(path)])
+    path.write_text("seed = 3\n")  # another script's setting, not used in the file: no helper
+    with pytest.raises(UserError, match=r"^unknown config key 'seed' in config file .*exp.py'; see --help for the keys$"):
         configure(DEFAULTS, [str(path)])
     path.write_text("_n = 3\nbatch_size = _n\n")
     assert configure(DEFAULTS, [str(path)])["batch_size"] == 3
