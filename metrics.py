@@ -83,7 +83,8 @@ def read_rows(out_dir: str) -> list[dict]:
     path = metrics_path(out_dir)
     if not os.path.isfile(path):
         if os.path.isfile(os.path.join(out_dir, "run.json")):  # train.py's, before its first log line
-            raise UserError(f"{path} not found: the run in {out_dir} has not logged a step yet; try again later")
+            raise UserError(f"{path} not found: the run in {out_dir} has not logged a step yet (or stopped before "
+                            "it did): try again later, or give a run that has")
         raise UserError(f"{path} not found: give the out_dir of a run")
     with open(path, "rb") as f:
         text = f.read(whole_length(path)).decode("utf-8", errors="replace")

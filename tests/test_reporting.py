@@ -200,8 +200,8 @@ def test_a_run_that_has_not_logged_yet_is_told_apart_from_a_folder_that_is_no_ru
     with pytest.raises(UserError, match=r"metrics.csv not found: give the out_dir of a run$"):
         metrics.read_rows(str(tmp_path))
     (tmp_path / "run.json").write_text("{}")
-    with pytest.raises(UserError, match=rf"metrics.csv not found: the run in {tmp_path} has not logged a step yet; "
-                                        "try again later$"):
+    with pytest.raises(UserError, match=rf"metrics.csv not found: the run in {tmp_path} has not logged a step yet "
+                                        r"\(or stopped before it did\): try again later, or give a run that has$"):
         metrics.read_rows(str(tmp_path))
 
 
