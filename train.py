@@ -376,7 +376,7 @@ if __name__ == "__main__":
     report.print(f"world size {world_size}, device {device}, dtype {dtype}")
     odd_schedule = schedule_problem(warmup_iters, lr_decay_iters, max_iters, lr_schedule, cooldown_frac) \
         if decay_lr and not eval_only else None
-    if not decay_lr and lr_schedule != config_defaults["lr_schedule"] and not eval_only:  # a fork of a finetune config
+    if not decay_lr and "lr_schedule" in given and not eval_only:  # a fork of a finetune config that adds a schedule
         odd_schedule = (f"lr_schedule={lr_schedule!r} is not used: decay_lr=False keeps learning_rate from the first "
                         "step to the last, with no warmup (nanoGPT's meaning); drop decay_lr=False to use it")
     if odd_schedule and master_process:
