@@ -206,12 +206,21 @@ def run_measured(cmd: list[str]) -> tuple[float, int]:
     t0, peak = time.perf_counter(), 0
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     root = psutil.Process(proc.pid)
-    while proc.poll() is None:
-        try:
-            peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
-        except psutil.Error:  # a worker exited between listing and reading
-            pass
-        time.sleep(0.05)
+    try:
+        while proc.poll() is None:
+            try:
+                peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
+            except psutil.Error:  # a worker exited between listing and reading
+                pass
+            time.sleep(0.05)
+    finally:  # stopped (SIGTERM, Ctrl-C) while it runs: its process tree goes too, not on by itself
+        if proc.poll() is None:
+            for p in [*root.children(recursive=True), root]:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            proc.wait()
     if proc.returncode:
         lines = proc.stderr.read().strip().splitlines() or ["no output"]
         if lines[-1].startswith("error: "):  # the script's own line (a rank file it cannot find, say)
@@ -280,7 +289,11 @@ def unprepared(dataset: str) -> str | None:
         data_dir = find_dataset(dataset)
     except UserError as e:
         return str(e)
-    if any(f.endswith(".bin") or f in ("meta.json", "meta.pkl") for f in os.listdir(data_dir)):
+    try:
+        files = os.listdir(data_dir)
+    except OSError as e:  # a file named as the dataset, or a folder it cannot read
+        return f"dataset '{dataset}' cannot be read ({e.strerror or e})"
+    if any(f.endswith(".bin") or f in ("meta.json", "meta.pkl") for f in files):
         return None
     return f"dataset '{dataset}' is not prepared in {data_dir}"
 
@@ -652,7 +665,8 @@ if __name__ == "__main__":
         print("on a CPU, the model keys left at their defaults are shrunk: "
               + ", ".join(f"{k}={v}" for k, v in shrunk.items()))
     globals().update(config)
-    why = unprepared(dataset) if not vocab_size and dataset != config_defaults["dataset"] else None
+    why = unprepared(dataset) if mode in ("train", "generate") and not vocab_size \
+        and dataset != config_defaults["dataset"] else None
     if why:  # the default, openwebtext, is GPT-2's vocabulary either way
         print(f"note: {why}; until it is, the model is timed with GPT-2's vocabulary, 50304 (or give --vocab_size=N)")
     if batch_size == "auto" and mode != "train":

@@ -361,6 +361,8 @@ def test_bench_gives_a_dataset_the_vocabulary_train_gives_it(char_data, tmp_path
     assert bench.unprepared(char_data) is None and bench.unprepared(str(tmp_path)) is None
     not_prepared = str(tmp_path / "not_prepared")
     assert bench.unprepared(not_prepared).startswith(f"dataset '{not_prepared}' not found")
+    (tmp_path / "a_file").write_text("x")  # named as the dataset: a note, not a traceback
+    assert bench.unprepared(str(tmp_path / "a_file")) is not None
     os.makedirs(tmp_path / "empty")
     assert bench.unprepared(str(tmp_path / "empty")) == f"dataset '{tmp_path / 'empty'}' is not prepared in " \
                                                          f"{tmp_path / 'empty'}"
