@@ -198,7 +198,8 @@ def test_a_helper_name_in_a_config_file_is_told_to_start_with_an_underscore(tmp_
                                         r"itself must start with _ \(_n\), as names that do are not settings$"):
         configure(DEFAULTS, [str(path)])
     path.write_text("seed = 3\n")  # another script's setting, not used in the file: no helper
-    with pytest.raises(UserError, match=r"^unknown config key 'seed' in config file .*exp.py'; see --help for the keys$"):
+    with pytest.raises(UserError, match=r"^unknown config key 'seed' in config file .*exp.py'; see --help for the "
+                                        r"keys$"):
         configure(DEFAULTS, [str(path)])
     path.write_text("_n = 3\nbatch_size = _n\n")
     assert configure(DEFAULTS, [str(path)])["batch_size"] == 3
