@@ -74,14 +74,13 @@ print(plan(model, {batch}, {dtype!r}, "adamw", 1, "ddp", config.activation_check
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the process's memory from Linux's /proc")
 @pytest.mark.parametrize("config,batch,dtype", [
     (SHAPE, 16, "float32"), (dict(SHAPE, **LLAMA, activation_checkpointing=True), 16, "float32"),
-    (GPT2_VOCAB, 8, "float32"), (GPT2_VOCAB, 8, "bfloat16"),
-    (dict(GPT2_VOCAB, loss_chunk=512), 8, "float32"), (dict(GPT2_VOCAB, loss_chunk=512), 8, "bfloat16")],
-    ids=["gpt2", "llama-checkpointed", "gpt2-vocab-fp32", "gpt2-vocab-bf16", "chunked-fp32", "chunked-bf16"])
+    (GPT2_VOCAB, 8, "float32"), (GPT2_VOCAB, 8, "bfloat16"), (dict(GPT2_VOCAB, loss_chunk=512), 8, "float32")],
+    ids=["gpt2", "llama-checkpointed", "gpt2-vocab-fp32", "gpt2-vocab-bf16", "chunked-fp32"])
 def test_the_plan_is_within_20_percent_of_the_measured_peak(config, batch, dtype):
     """At GPT-2's vocabulary the peak is the loss's backward, which uncompiled holds 12 bytes per logit in fp32 and
     bf16 alike (memory.LOSS_BACKWARD); counting only what the forward pass saves, the plan was 0.52 of the peak.
     Chunked, the loss holds two chunks of fp32 logits at a time; when each chunk's lived on into the next, it
-    held three, and the plan came at 0.65 (fp32) and 0.70 (bf16) of the peak."""
+    held three, and the plan came at 0.65 of the peak (0.70 in bf16, measured once: the suite keeps fp32's)."""
     # glibc keeps freed blocks below its mmap threshold mapped; a low threshold makes the peak RSS the peak of
     # live memory, which is what the plan is of
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "2"}
