@@ -37,6 +37,7 @@ STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "nanogpt", "prefetch",
 # the logs of the next run. The budget starts no step that would not end in time.
 GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 170, "options": 200, "nanogpt": 240, "prefetch": 90,
                "autotune": 300}
+CPU_SECONDS = 5  # each step of the reduced CPU version: seconds (up to 20 for checks, whose jobs then share the cores)
 ON_GPU = False  # set in __main__: whether this machine has CUDA (else the reduced CPU version runs)
 FP8_GPU = False  # and whether it has fp8 matmuls (compute capability 8.9+)
 LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
@@ -44,7 +45,7 @@ LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 
 
 class Suite:
     def __init__(self, out: str, work: str, budget: float):
-        self.out, self.work, self.rows, self.jobs = out, work, [], []
+        self.out, self.work, self.rows, self.jobs, self.stopped = out, work, [], [], set()
         self.starting, self.terminated = False, False
         self.deadline = time.time() + budget
         os.makedirs(out, exist_ok=True)
@@ -89,7 +90,11 @@ class Suite:
         try:
             code = job["proc"].wait(timeout=max(1.0, min(timeout, self.left())))
         except subprocess.TimeoutExpired:
-            self.stop(job["proc"])
+            # at the budget's end every job still running is stopped at once: one after another, each stopping
+            # (a checkpoint saved) would add to the next call's wait
+            running = [p for p in self.jobs if p.poll() is None]
+            self.stop(*(running if self.left() <= 0 else [job["proc"]]))
+        if job["proc"] in self.stopped:
             code = 124
         seconds = time.time() - job["t0"]
         with open(job["log"]) as f:
@@ -99,9 +104,9 @@ class Suite:
         print(f"[{time.strftime('%H:%M:%S')}] {job['name']}: exit {code} after {seconds:.0f} s", flush=True)
         return code, output
 
-    @staticmethod
-    def stop(*procs: subprocess.Popen):
+    def stop(self, *procs: subprocess.Popen):
         """SIGTERM to each job's process group (its children too), SIGKILL to what is left 20 s later."""
+        self.stopped.update(procs)
         for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 30)):
             for proc in procs:
                 try:
@@ -511,7 +516,7 @@ if __name__ == "__main__":
     left_out = []  # steps not started, or stopped at the budget's end: the next call's --only
     try:
         for name in (s for s in STEPS if s in chosen):
-            needs = 0 if name == "nanogpt" and not args.nanogpt else GPU_SECONDS[name] if ON_GPU else 10
+            needs = 0 if name == "nanogpt" and not args.nanogpt else GPU_SECONDS[name] if ON_GPU else CPU_SECONDS
             if needs > suite.left():
                 left_out.append(name)
                 suite.row(f"step {name}", None, f"about {needs} s, {max(0, suite.left()):.0f} s of the "

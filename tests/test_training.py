@@ -442,17 +442,20 @@ def test_the_gpu_suite_runs_its_reduced_version_on_a_cpu(char_data, tmp_path):
 
 
 def test_the_gpu_suite_stops_a_step_at_the_budget_and_names_it_for_the_next_call(char_data, tmp_path):
-    """The checks start (they need about 10 s on a CPU) but their runs are longer than the budget: they are stopped
-    at its end with everything they started, their rows say so, and the step is named for the next call."""
+    """The checks start (the CPU version counts 5 s a step) but their runs are longer than the budget: they are
+    stopped at its end, all at once, with everything they started, their rows say so, and the step is named for the
+    next call."""
     import psutil
     result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
-                        f"--char_data={char_data}", "--char_iters=100000", "--only=checks", "--budget=15",
+                        f"--char_data={char_data}", "--char_iters=100000", "--only=checks", "--budget=8",
                         cwd=str(tmp_path), timeout=120)
     assert result.returncode == 0, result.stderr
     rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
     assert any(row.startswith("| Shakespeare char") and "| FAILED | see logs/char_fast.log" in row for row in rows), rows
     assert "next, python scripts/gpu_suite.py --out=DIR --only=checks" in result.stdout
     assert re.search(r"char_fast: exit 124 after \d+ s", result.stdout)
+    ends = [int(s) for s in re.findall(r"\] \w+: exit 124 after (\d+) s", result.stdout)]  # the tests' too, if stopped
+    assert len(ends) >= 4 and max(ends) - min(ends) <= 4, result.stdout  # stopped together, not one by one
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "work") in " ".join(p.info["cmdline"] or [])]
 
 
@@ -477,7 +480,7 @@ def test_a_gpu_suite_stopped_by_sigterm_stops_every_job_it_started(char_data, tm
 
 def test_the_gpu_suite_leaves_out_what_its_budget_cannot_hold(tmp_path):
     result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
-                        "--only=env,gpt2,options", "--budget=5", cwd=str(tmp_path))
+                        "--only=env,gpt2,options", "--budget=3", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
     assert [row.split(" | ")[:2] for row in rows] == [["| step env", "not run"], ["| step gpt2", "not run"],
