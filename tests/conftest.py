@@ -90,10 +90,11 @@ def char_vocab_size(data_dir: str) -> int:
 # `random` reseeds itself after a fork), uncaught exceptions through sys.excepthook, threads joined and atexit
 # run, the exit status the interpreter would give. A job past its timeout is killed and reported as such. What
 # differs: torch read OMP_NUM_THREADS once, at its import here (1, as run_script gives every script anyway).
-# Each job saves torch's import, about a second.
+# Each job saves the import of torch and of torch._dynamo, about two seconds.
 WARM = r"""
 import atexit, json, os, runpy, signal, sys, threading, time
 import numpy, torch
+import torch._dynamo  # the memory plan's meta-device model imports it (random init there goes through torch._refs)
 for line in sys.stdin:
     job = json.loads(line)
     pid = os.fork()
