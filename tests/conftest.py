@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,52 +89,84 @@ def char_vocab_size(data_dir: str) -> int:
 # A Python that has imported torch once and forks a child per job, which runs the script as `python script`
 # would: as __main__, its folder first on sys.path, stdin empty, numpy's global RNG freshly seeded (Python's
 # `random` reseeds itself after a fork), uncaught exceptions through sys.excepthook, threads joined and atexit
-# run, the exit status the interpreter would give. A job past its timeout is killed and reported as such. What
-# differs: torch read OMP_NUM_THREADS once, at its import here (1, as run_script gives every script anyway).
-# Each job saves the import of torch and of torch._dynamo, about two seconds.
+# run, the exit status the interpreter would give. A job of n ranks forks n children with the variables torchrun
+# gives its workers (rank 0 holds the rendezvous store at MASTER_PORT) and, as torchrun's agent does, stops the
+# others with SIGTERM (SIGKILL 30 s later) once one fails; it exits 0 when all did, else 1. A job past its timeout
+# is killed and reported as such. What differs: torch read OMP_NUM_THREADS once, at its import here (1, as
+# run_script gives every script anyway). Each job saves the import of torch and of torch._dynamo, about two
+# seconds a process, and a group saves torchrun's own start as well.
 WARM = r"""
-import atexit, json, os, runpy, signal, sys, threading, time
+import atexit, json, os, runpy, signal, socket, sys, threading, time
 import numpy, torch
 import torch._dynamo  # the memory plan's meta-device model imports it (random init there goes through torch._refs)
+
+def child(job, env, stdout, stderr):
+    code = 1
+    try:
+        os.chdir(job["cwd"])
+        os.environ.clear()
+        os.environ.update(env)
+        for fd, path in ((1, stdout), (2, stderr)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        sys.stdin = open(os.devnull)
+        sys.argv, sys.path[0] = job["argv"], os.path.dirname(job["argv"][0])
+        numpy.random.seed()
+        try:
+            runpy.run_path(job["argv"][0], run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:  # sys.exit("message"): the message on stderr, status 1
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
+        threading._shutdown()  # as the interpreter does at exit: wait for non-daemon threads, then atexit
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)  # never back into this loop
+
 for line in sys.stdin:
     job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.chdir(job["cwd"])
-            os.environ.clear()
-            os.environ.update(job["env"])
-            for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            sys.stdin = open(os.devnull)
-            sys.argv, sys.path[0] = job["argv"], os.path.dirname(job["argv"][0])
-            numpy.random.seed()
-            try:
-                runpy.run_path(job["argv"][0], run_name="__main__")
-                code = 0
-            except SystemExit as e:
-                if e.code is None or isinstance(e.code, int):
-                    code = e.code or 0
-                else:  # sys.exit("message"): the message on stderr, status 1
-                    print(e.code, file=sys.stderr)
-            except BaseException:
-                sys.excepthook(*sys.exc_info())
-            threading._shutdown()  # as the interpreter does at exit: wait for non-daemon threads, then atexit
-            atexit._run_exitfuncs()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)  # never back into this loop
-    deadline, timed_out = time.time() + job["timeout"], False
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.time() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            timed_out = True
+    envs = [job["env"]]
+    if job["procs"]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        n = job["procs"]
+        envs = [{**job["env"], "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
+                 "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} for r in range(n)]
+    running = {}
+    for i, env in enumerate(envs):
+        pid = os.fork()
+        if pid == 0:
+            child(job, env, f"{job['stdout']}.{i}", f"{job['stderr']}.{i}")
+        running[pid] = i
+    codes, deadline, stop_at, timed_out = [None] * len(envs), time.time() + job["timeout"], None, False
+    while running:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            codes[running.pop(pid)] = code = os.waitstatus_to_exitcode(status)
+            if code != 0 and running and stop_at is None:  # as torchrun's agent does: the others are stopped
+                for other in running:
+                    os.kill(other, signal.SIGTERM)
+                stop_at = time.time() + 30
+            continue
+        if time.time() > deadline or (stop_at and time.time() > stop_at):
+            timed_out = timed_out or time.time() > deadline
+            for other in running:
+                os.kill(other, signal.SIGKILL)
         time.sleep(0.02)
-    print(json.dumps({"code": os.waitstatus_to_exitcode(done[1]), "timed_out": timed_out}), flush=True)
+    print(json.dumps({"codes": codes, "timed_out": timed_out}), flush=True)
 """
+
+
+def read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 class Warm:
@@ -143,27 +176,27 @@ class Warm:
         self.proc = subprocess.Popen([sys.executable, "-c", WARM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
-    def run(self, cmd, env, cwd, timeout=180) -> subprocess.CompletedProcess:
-        """cmd ([python, script, args...]) in a process forked from the warm one, its output through two
-        temporary files; the prepare scripts, which start worker processes, in a fresh Python instead."""
+    def run(self, cmd, env, cwd, timeout=180, procs=0) -> subprocess.CompletedProcess:
+        """cmd ([python, script, args...]) in a process forked from the warm one, or in procs of them as torchrun
+        would start them, its output through temporary files (the ranks' one after another); the prepare scripts,
+        which start worker processes, in a fresh Python instead."""
         if os.path.relpath(cmd[1], ROOT).startswith("data" + os.sep):
             return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-        handle, out = tempfile.mkstemp(suffix=".stdout")
-        os.close(handle)
-        err = out[:-len(".stdout")] + ".stderr"
-        job = dict(argv=cmd[1:], env=env, cwd=cwd, stdout=out, stderr=err, timeout=timeout)
+        folder = tempfile.mkdtemp(prefix="warm_job_")
+        job = dict(argv=cmd[1:], env=env, cwd=cwd, stdout=os.path.join(folder, "stdout"),
+                   stderr=os.path.join(folder, "stderr"), timeout=timeout, procs=procs)
         self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         status = json.loads(self.proc.stdout.readline())
         try:
-            with open(out) as f, open(err) as g:
-                stdout, stderr = f.read(), g.read()
+            stdout, stderr = ("".join(read_text(f"{job[name]}.{i}") for i in range(len(status["codes"])))
+                              for name in ("stdout", "stderr"))
         finally:
-            os.remove(out)
-            os.remove(err)
+            shutil.rmtree(folder)
         if status["timed_out"]:  # as subprocess.run would: a hang fails the test that waited for it
             raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
-        return subprocess.CompletedProcess(cmd, status["code"], stdout, stderr)
+        codes = status["codes"]
+        return subprocess.CompletedProcess(cmd, codes[0] if not procs else int(any(codes)), stdout, stderr)
 
     def close(self):
         self.proc.stdin.close()
@@ -172,20 +205,16 @@ class Warm:
 
 def run_script(script: str, *args: str, cwd: str, torchrun_procs: int = 0, timeout: int = 300,
                env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run one of the repository's scripts in a process of its own: under torchrun when torchrun_procs > 0, else
-    through the warm Python (Warm.run)."""
-    launcher = [sys.executable]
-    if torchrun_procs:
-        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun_procs}"]
+    """Run one of the repository's scripts in a process of its own, forked from the warm Python (Warm.run): in
+    torchrun_procs ranks when that is > 0, as torchrun would start them (tests/test_faults.py launches torchrun
+    itself, where its agent's part is what is tested)."""
     full_env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", **(env or {})}
-    cmd = launcher + [os.path.join(ROOT, script), *args]
-    if torchrun_procs:
-        return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, os.path.join(ROOT, script), *args]
     with WARM_LOCK:
         global warm
         if warm is None:
             warm = Warm()
-        return warm.run(cmd, full_env, str(cwd), timeout)
+        return warm.run(cmd, full_env, str(cwd), timeout, torchrun_procs)
 
 
 warm, WARM_LOCK = None, threading.Lock()  # run_script's warm Python, made at its first use
