@@ -709,15 +709,18 @@ def test_a_ctrl_c_before_training_starts_is_one_line_not_a_traceback():
     assert (result.returncode, result.stderr) == (-signal.SIGINT, "interrupted (Ctrl-C)\n")
 
 
-RANK0_FAILS = """
+TWO_RANKS = """
 import datetime, sys
 sys.path.insert(0, {root!r})
-import torch.distributed as dist
+import torch, torch.distributed as dist
 from common import UserError, excepthook, on_rank0
 sys.excepthook = excepthook
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://{store}", rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=120))
+"""  # the start of a script run as two processes, `python script RANK`, without torchrun
+
+RANK0_FAILS = TWO_RANKS + """
 def check():
     if {kind!r} == "user":
         raise UserError("out_dir is bad: fix it")
@@ -726,16 +729,7 @@ on_rank0(check, rank, 2)
 dist.barrier()  # not reached: a rank that went on would wait here for rank 0 until the timeout
 """
 
-
-RANK0_STOPS = """
-import datetime, sys
-sys.path.insert(0, {root!r})
-import torch, torch.distributed as dist
-from common import UserError, excepthook
-sys.excepthook = excepthook
-rank = int(sys.argv[1])
-dist.init_process_group("gloo", init_method="file://{store}", rank=rank, world_size=2,
-                        timeout=datetime.timedelta(seconds=120))
+RANK0_STOPS = TWO_RANKS + """
 dist.barrier()
 if rank == 0:
     raise UserError("metrics.csv is bad: fix it")  # found by rank 0 alone, with no on_rank0 to share it
