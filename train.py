@@ -502,15 +502,19 @@ if __name__ == "__main__":
         if changed:
             report.print("resumed with settings other than the run's: " + ", ".join(changed), always=True)
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
-    report.print(f"tokens per iteration {tokens_per_iter:,} ({gradient_accumulation_steps} micro-steps x "
-                 f"{batch_size} sequences x {block_size} tokens)")
+    eval_text = (f"{eval_iters} batches of {batch_size} sequences x {block_size} tokens per split = "
+                 f"{eval_iters * batch_size * block_size:,} tokens")  # what an eval_only run does, for its lines
+    report.print(f"evaluation: {eval_text}" if eval_only else f"tokens per iteration {tokens_per_iter:,} "
+                 f"({gradient_accumulation_steps} micro-steps x {batch_size} sequences x {block_size} tokens)")
     model.prefer_attention(attention_kernel)
     if fp8:
         report.print(f"fp8: {use_fp8(model, batch_size * block_size)} matmuls in the blocks run in float8, the "
                      f"head in {dtype}")
     needs = plan(model, **planned)
     report.print(describe(needs, free))
-    if dry_run:
+    if dry_run and eval_only:
+        report.print(f"dry run: {model.parameters_text()}, an evaluation of {eval_text}")
+    elif dry_run:
         report.print(f"dry run: {model.parameters_text()}, "
                      f"{model.flops_per_token() / 1e9:.3f} GFLOPs per token in training, {tokens_per_iter:,} tokens "
                      f"per step, {model.flops_per_token() * tokens_per_iter / 1e12:.3f} TFLOPs per step")
@@ -543,9 +547,11 @@ if __name__ == "__main__":
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
         checkpoint = None  # free the CPU copy
-    report.print(f"model: {model.parameters_text()}; {max_iters:,} steps of {tokens_per_iter:,} "
-                 f"tokens ({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens "
-                 f"planned; starting at iteration {iter_num}; world size {world_size}, {device}, {dtype}, compile {compile}")
+    work = ("one evaluation" + (f" of iteration {iter_num}" if init_from == "resume" else "") if eval_only else f"{max_iters:,} steps of {tokens_per_iter:,} "
+            f"tokens ({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens "
+            f"planned; starting at iteration {iter_num}")
+    report.print(f"model: {model.parameters_text()}; {work}; world size {world_size}, {device}, {dtype}, "
+                 f"compile {compile}")
 
     # ---- compile and DDP wrap
     raw_model = model  # what gets saved: no _orig_mod. or module. prefixes

@@ -578,6 +578,14 @@ def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_pat
     assert {k: v for k, v in digests(trained).items() if k != "eval.json"} == before
     evaluated = json.load(open(os.path.join(trained, "eval.json")))
     assert evaluated["iter"] == 4 and evaluated["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-6)
+    # its lines describe the evaluation, not the training run the config also describes
+    batches = f"{evaluated['eval_iters']} batches of {evaluated['batch_size']} sequences x {evaluated['block_size']} tokens"
+    assert f"evaluation: {batches} per split" in result.stdout and "; one evaluation of iteration 4;" in result.stdout
+    assert "tokens per iteration" not in result.stdout and "steps of" not in result.stdout
+    dry = run_script("train.py", *args_for(char_data, trained, max_iters=4, init_from="resume", eval_only=True),
+                     "--dry_run=True", cwd=str(tmp_path))
+    assert dry.returncode == 0 and f"an evaluation of {batches} per split" in dry.stdout, dry.stderr
+    assert "per step" not in dry.stdout
 
 
 @pytest.mark.parametrize("blocked", ["config.json.tmp", "summary.json.tmp"])
