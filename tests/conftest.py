@@ -87,14 +87,17 @@ def char_vocab_size(data_dir: str) -> int:
 
 
 # A Python that has imported torch once and forks a child per job, which runs the script as `python script`
-# would: as __main__, its folder first on sys.path, stdin empty, numpy's global RNG freshly seeded (Python's
-# `random` reseeds itself after a fork), uncaught exceptions through sys.excepthook, threads joined and atexit
-# run, the exit status the interpreter would give. A job of n ranks forks n children with the variables torchrun
-# gives its workers (rank 0 holds the rendezvous store at MASTER_PORT) and, as torchrun's agent does, stops the
-# others with SIGTERM (SIGKILL 30 s later) once one fails; it exits 0 when all did, else 1. A job past its timeout
-# is killed and reported as such. What differs: torch read OMP_NUM_THREADS once, at its import here (1, as
-# run_script gives every script anyway). Each job saves the import of torch and of torch._dynamo, about two
-# seconds a process, and a group saves torchrun's own start as well.
+# would: as __main__, its folder first on sys.path, stdin empty, numpy's and torch's global RNGs freshly seeded
+# (Python's `random` reseeds itself after a fork), uncaught exceptions through sys.excepthook, threads joined and
+# atexit run, the exit status the interpreter would give. A job of n ranks forks n children with the variables
+# torchrun gives its workers and, as torchrun's agent does, stops the others with SIGTERM (SIGKILL 30 s later)
+# once one fails; it exits 0 when all did, else 1. Each child has a process group of its own, as a torchrun
+# worker has, so that a stop (and a job of ranks at its end, as torchrun's agent) reaches what it started. A job past its timeout is killed and reported as such.
+# What differs: torch read its settings from the environment once, at its import here (OMP_NUM_THREADS, 1 as
+# run_script gives every script; inductor's; Warm.run starts a fresh Python for a job that sets those
+# otherwise); rank 0 holds the rendezvous store at MASTER_PORT, which is picked free just before and so could be
+# taken in between (torchrun's agent holds its own). Each job saves the import of torch and of torch._dynamo,
+# about two seconds a process, and a group saves torchrun's own start as well.
 WARM = r"""
 import atexit, json, os, runpy, signal, socket, sys, threading, time
 import numpy, torch
@@ -103,16 +106,18 @@ import torch._dynamo  # the memory plan's meta-device model imports it (random i
 def child(job, env, stdout, stderr):
     code = 1
     try:
-        os.chdir(job["cwd"])
-        os.environ.clear()
-        os.environ.update(env)
+        os.setpgid(0, 0)
         for fd, path in ((1, stdout), (2, stderr)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         sys.stdin = open(os.devnull)
+        os.environ.clear()
+        os.environ.update(env)
         sys.argv, sys.path[0] = job["argv"], os.path.dirname(job["argv"][0])
         numpy.random.seed()
+        torch.seed()
         try:
+            os.chdir(job["cwd"])
             runpy.run_path(job["argv"][0], run_name="__main__")
             code = 0
         except SystemExit as e:
@@ -129,6 +134,13 @@ def child(job, env, stdout, stderr):
     finally:
         os._exit(code)  # never back into this loop
 
+def signal_groups(pids, sig):
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:  # the group has gone
+            pass
+
 for line in sys.stdin:
     job = json.loads(line)
     envs = [job["env"]]
@@ -144,24 +156,36 @@ for line in sys.stdin:
         pid = os.fork()
         if pid == 0:
             child(job, env, f"{job['stdout']}.{i}", f"{job['stderr']}.{i}")
+        try:
+            os.setpgid(pid, pid)  # here too, so that no signal can come before the child's own call
+        except OSError:  # it has made it already, or exited
+            pass
         running[pid] = i
+    groups = list(running)
     codes, deadline, stop_at, timed_out = [None] * len(envs), time.time() + job["timeout"], None, False
     while running:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid:
-            codes[running.pop(pid)] = code = os.waitstatus_to_exitcode(status)
-            if code != 0 and running and stop_at is None:  # as torchrun's agent does: the others are stopped
-                for other in running:
-                    os.kill(other, signal.SIGTERM)
-                stop_at = time.time() + 30
-            continue
-        if time.time() > deadline or (stop_at and time.time() > stop_at):
+        for pid in list(running):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[running.pop(pid)] = code = os.waitstatus_to_exitcode(status)
+                if code != 0 and running and stop_at is None:  # as torchrun's agent does: the others are stopped
+                    signal_groups(groups, signal.SIGTERM)
+                    stop_at = time.time() + 30
+        if running and (time.time() > deadline or (stop_at and time.time() > stop_at)):
             timed_out = timed_out or time.time() > deadline
-            for other in running:
-                os.kill(other, signal.SIGKILL)
+            signal_groups(running, signal.SIGKILL)
         time.sleep(0.02)
+    if job["procs"]:  # and, as it does at the end, whatever the ranks started and left
+        signal_groups(groups, signal.SIGTERM)
     print(json.dumps({"codes": codes, "timed_out": timed_out}), flush=True)
 """
+
+
+def read_at_import(env: dict) -> bool:
+    """Whether env sets otherwise than this process's what torch and torch._dynamo read when imported: the C++
+    compiler, and torch's own TORCH* settings."""
+    keys = {k for k in (*env, *os.environ) if k.startswith("TORCH") or k in ("CC", "CXX")}
+    return any(env.get(k) != os.environ.get(k) for k in keys)
 
 
 def read_text(path: str) -> str:
@@ -179,8 +203,11 @@ class Warm:
     def run(self, cmd, env, cwd, timeout=180, procs=0) -> subprocess.CompletedProcess:
         """cmd ([python, script, args...]) in a process forked from the warm one, or in procs of them as torchrun
         would start them, its output through temporary files (the ranks' one after another); the prepare scripts,
-        which start worker processes, in a fresh Python instead."""
-        if os.path.relpath(cmd[1], ROOT).startswith("data" + os.sep):
+        which start worker processes, and a job whose env torch would read otherwise at its import, in a fresh
+        Python (under torchrun for procs) instead."""
+        if os.path.relpath(cmd[1], ROOT).startswith("data" + os.sep) or read_at_import(env):
+            if procs:
+                cmd = [cmd[0], "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", *cmd[1:]]
             return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
         folder = tempfile.mkdtemp(prefix="warm_job_")
         job = dict(argv=cmd[1:], env=env, cwd=cwd, stdout=os.path.join(folder, "stdout"),

@@ -385,7 +385,7 @@ def test_nodes_that_read_different_checkpoints_are_stopped_before_training(char_
             "(on rank 1, not on rank 0: every node must see out_dir, on a filesystem they share)") in resume()
     assert digests(tmp_path / "n0" / "out") == before  # node 0's run is as it was
     alone = run_script("train.py", *args_for(char_data, "out", init_from="resume"), cwd=str(tmp_path / "n1"),
-                       torchrun_procs=1)  # one process under torchrun: nothing to compare, the error all the same
+                       torchrun_procs=1)  # one rank of a launch: nothing to compare, the error all the same
     assert alone.returncode != 0 and "error: no checkpoint at out/ckpt.pt: check out_dir" in alone.stderr
     os.rename(tmp_path / "n1" / "ckpt.pt", tmp_path / "n1" / "out" / "ckpt.pt")  # node 0 alone fails: both stop,
     lock = FolderLock(str(tmp_path / "n0" / "out"))  # with node 0's line (its out_dir in use by another run)

@@ -10,7 +10,7 @@ from conftest import ROOT, char_vocab_size, read_metrics, run_script, step_losse
 from memory import plan
 from model import GPT, GPTConfig
 
-pytestmark = pytest.mark.slow  # torchrun runs
+pytestmark = pytest.mark.slow  # two-process runs
 
 
 def train(char_data, out, tmp_path, procs, **settings):

@@ -120,7 +120,7 @@ def test_labels_given_as_strings_read_as_ints(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("procs,limit", [(0, 0), (2, 0), (0, 3)])
-def test_eval_py_scores_a_checkpoint_alone_and_under_torchrun(tmp_path, procs, limit):
+def test_eval_py_scores_a_checkpoint_alone_and_over_two_ranks(tmp_path, procs, limit):
     data, ckpt, out = str(tmp_path / "h.jsonl"), str(tmp_path / "unigram.pt"), str(tmp_path / "result.json")
     write_jsonl(data, ITEMS)
     model = unigram_model()
