@@ -84,9 +84,9 @@ class Suite:
             sys.exit(143)
 
     def wait(self, job: dict, timeout: float) -> tuple[int, str]:
-        """Wait for a started job; past timeout (or the budget's end) stop it and every process it started:
-        SIGTERM (bench.py then reports the rounds it timed, train.py saves), SIGKILL 20 s later. Returns (exit
-        code, output); a job stopped that way exits with 124."""
+        """Wait for a started job; past timeout stop it and every process it started, past the budget's end every
+        job still running: SIGTERM (bench.py then reports the rounds it timed, train.py saves), SIGKILL 20 s
+        later. Returns (exit code, output); a job stopped that way exits with 124."""
         try:
             code = job["proc"].wait(timeout=max(1.0, min(timeout, self.left())))
         except subprocess.TimeoutExpired:
@@ -105,10 +105,13 @@ class Suite:
         return code, output
 
     def stop(self, *procs: subprocess.Popen):
-        """SIGTERM to each job's process group (its children too), SIGKILL to what is left 20 s later."""
+        """SIGTERM to each job's process group (its children too), SIGKILL to what is left 20 s later. A job
+        already sent its SIGTERM (the suite's own SIGTERM came while it waited) is not sent another: train.py
+        takes a second one a few seconds on for a hurry, and exits without its checkpoint."""
+        fresh = [proc for proc in procs if proc not in self.stopped]
         self.stopped.update(procs)
-        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 30)):
-            for proc in procs:
+        for sig, grace, targets in ((signal.SIGTERM, 20, fresh), (signal.SIGKILL, 30, procs)):
+            for proc in targets:
                 try:
                     os.killpg(proc.pid, sig)
                 except ProcessLookupError:  # nothing of the group is left
