@@ -500,7 +500,8 @@ if __name__ == "__main__":
         changed = [f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in config.items()
                    if k not in RESUME_SAME and checkpoint["config"].get(k, v) != v]
         if changed:
-            report.print("resumed with settings other than the run's: " + ", ".join(changed), always=True)
+            report.print(f"{'evaluating' if eval_only else 'resumed'} with settings other than the run's: "
+                         + ", ".join(changed), always=True)
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     eval_text = (f"{eval_iters} batches of {batch_size} sequences x {block_size} tokens per split = "
                  f"{eval_iters * batch_size * block_size:,} tokens")  # what an eval_only run does, for its lines

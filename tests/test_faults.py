@@ -571,8 +571,8 @@ def test_sigterm_is_acted_on_at_the_next_step_not_the_next_log_line(char_data, t
 def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_path):
     before = digests(trained)
     summary = json.load(open(os.path.join(trained, "summary.json")))
-    result = run_script("train.py", *args_for(char_data, trained, max_iters=4, init_from="resume", eval_only=True),
-                        cwd=str(tmp_path))
+    result = run_script("train.py", *args_for(char_data, trained, max_iters=4, init_from="resume", eval_only=True,
+                                              learning_rate=1e-3), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert set(digests(trained)) - set(before) == {"eval.json"}
     assert {k: v for k, v in digests(trained).items() if k != "eval.json"} == before
@@ -581,6 +581,7 @@ def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_pat
     # its lines describe the evaluation, not the training run the config also describes
     batches = f"{evaluated['eval_iters']} batches of {evaluated['batch_size']} sequences x {evaluated['block_size']} tokens"
     assert f"evaluation: {batches} per split" in result.stdout and "; one evaluation of iteration 4;" in result.stdout
+    assert "evaluating with settings other than the run's: learning_rate=0.001 (was 0.003)" in result.stdout
     assert "tokens per iteration" not in result.stdout and "steps of" not in result.stdout
     dry = run_script("train.py", *args_for(char_data, trained, max_iters=4, init_from="resume", eval_only=True),
                      "--dry_run=True", cwd=str(tmp_path))
