@@ -14,7 +14,8 @@ single small .txt file), the last val_fraction of the tokens are held out as val
 
 Writes {split}.bin, or {split}_000.bin, {split}_001.bin, ... with --shard_tokens, as uint16 when the
 vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files). A
-second prepare into the folder meanwhile is refused (an flock on the folder), since their files would mix.
+second prepare into the folder meanwhile is refused (an flock on the folder), since their files would mix, and
+so is one into a folder that holds a dataset already, unless --overwrite.
 Files are read as they are tokenized, through worker processes, so memory stays bounded whatever the
 corpus or file size.
 """
@@ -352,6 +353,25 @@ def holding(out_dir: str):
         os.close(fd)
 
 
+def held_dataset(out_dir: str) -> str | None:
+    """The dataset out_dir holds already, in a few words (None: none), so that a prepare does not replace it
+    unasked: a run trained on it resumes only on the same tokens."""
+    try:
+        names = os.listdir(out_dir)
+    except OSError:  # no folder yet (or a file there, which make_out_dir names)
+        return None
+    if "meta.json" in names:
+        try:
+            with open(os.path.join(out_dir, "meta.json")) as f:
+                meta = json.load(f)
+            return (f"{meta['tokenizer']}, {meta['splits']['train']['tokens']:,} train tokens, vocab_size "
+                    f"{meta['vocab_size']}" + (f", from {meta['source']}" if meta.get("source") else ""))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # torn or foreign: a dataset all the same
+            return "its meta.json unreadable"
+    bins = sorted(n for n in names if n.endswith(".bin"))
+    return f"token files {', '.join(bins[:3])}{', ...' if len(bins) > 3 else ''}" if bins else None
+
+
 def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict) -> dict:
     """Write whole splits ({split: token ids}) and meta.json (meta with the splits' entries added), all or
     nothing: on any failure the .tmp files go and the dataset that was there stays. Returns the entries."""
@@ -488,9 +508,14 @@ if __name__ == "__main__":
     parser.add_argument("--shard_tokens", type=int, default=0, help="tokens per shard file; 0 writes one file per split")
     parser.add_argument("--workers", type=int, default=0, help="tokenizer processes; 0 means one per core")
     parser.add_argument("--gpt2_tiktoken", default=None, help="path to GPT-2's gpt2.tiktoken rank file, for offline use")
+    parser.add_argument("--overwrite", action="store_true", help="replace the dataset that --out_dir holds")
     args = parser.parse_args()
 
     def job():
+        held = None if args.overwrite else held_dataset(args.out_dir)
+        if held:
+            raise PrepareError(f"--out_dir {args.out_dir} already holds a dataset ({held}): choose another --out_dir, "
+                               "or add --overwrite to replace it (a run trained on it resumes only on the same tokens)")
         if args.tokenizer == "gpt2" and args.gpt2_tiktoken and not os.path.isfile(args.gpt2_tiktoken):
             raise PrepareError(f"--gpt2_tiktoken {args.gpt2_tiktoken} is not a file")
         files = list_files(args.input)

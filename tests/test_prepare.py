@@ -198,8 +198,8 @@ def test_an_input_that_cannot_be_read_is_named_as_such_and_the_dataset_stays(tmp
     out = tmp_path / "data"
     out.mkdir()
     (out / "meta.json").write_text("earlier")
-    result = run_script("data/prepare.py", "--input", str(tmp_path / "in"), "--out_dir", str(out), "--tokenizer",
-                        "char", "--workers", "1", cwd=str(tmp_path))
+    result = run_script("data/prepare.py", "--input", str(tmp_path / "in"), "--out_dir", str(out), "--overwrite",
+                        "--tokenizer", "char", "--workers", "1", cwd=str(tmp_path))
     assert result.returncode != 0
     assert result.stderr.strip() == (f"error: cannot read {tmp_path / 'in' / 'b.txt'} (No such file or directory): fix "
                                      f"it or leave it out of --input; the dataset in {out} is unchanged")
@@ -221,13 +221,13 @@ def test_a_prepare_into_a_folder_another_prepare_is_writing_is_refused(tmp_path)
     (out / "meta.json").write_text("the other prepare's")
     with prepare.holding(str(out)):  # as a prepare running in another process holds it
         result = run_script("data/prepare.py", "--input", str(tmp_path / "a.txt"), "--out_dir", str(out),
-                            "--tokenizer", "char", "--workers", "1", cwd=str(tmp_path))
+                            "--overwrite", "--tokenizer", "char", "--workers", "1", cwd=str(tmp_path))
         assert result.returncode != 0
         assert result.stderr.strip() == (f"error: --out_dir {out} is being written by another prepare: wait for it to "
                                          "end, or choose another --out_dir")
         assert (out / "meta.json").read_text() == "the other prepare's"
-    result = run_script("data/prepare.py", "--input", str(tmp_path / "a.txt"), "--out_dir", str(out), "--tokenizer",
-                        "char", "--workers", "1", cwd=str(tmp_path))
+    result = run_script("data/prepare.py", "--input", str(tmp_path / "a.txt"), "--out_dir", str(out), "--overwrite",
+                        "--tokenizer", "char", "--workers", "1", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert json.loads((out / "meta.json").read_text())["chars"] == " dehmorsw"
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]  # the hold leaves no file behind
