@@ -242,8 +242,9 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
                      cooldown_frac: float = 0.2) -> str | None:
     """What is odd about a schedule (get_lr's, with decay_lr) that the settings' rules allow: a warmup as long as
     the run, which never reaches learning_rate (a quick run that kept GPT-2's 2000 steps of warmup), one as long
-    as the decay, which drops from learning_rate to min_lr in one step, or a wsd cooldown too short to have a step
-    between the two; None when none of these."""
+    as the decay, which drops from learning_rate to min_lr in one step, a wsd cooldown too short to have a step
+    between the two, or a decay that the run stops less than half way down (a short run of a config's long
+    schedule); None when none of these."""
     if warmup_iters >= max_iters and warmup_iters > 0:
         return (f"warmup_iters {warmup_iters} is not below max_iters {max_iters}: the learning rate never reaches "
                 "learning_rate in this run; lower warmup_iters")
@@ -257,6 +258,11 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
                 f"lr_decay_iters {lr_decay_iters}, is {lr_decay_iters - start} step(s): no step trains between "
                 "learning_rate and min_lr; " + ("lower warmup_iters" if squeezed else "raise cooldown_frac")
                 + " or raise lr_decay_iters")
+    left = get_lr(max_iters - 1, 1.0, warmup_iters, lr_decay_iters, 0.0, schedule, cooldown_frac)  # 1: learning_rate
+    if schedule != "constant" and lr_decay_iters > max_iters and left > 0.5:
+        return (f"lr_decay_iters {lr_decay_iters} is past max_iters {max_iters}: the run stops with its learning rate "
+                f"{left:.0%} of the way from min_lr up to learning_rate; set lr_decay_iters to max_iters to decay "
+                "within the run (or leave it, for a run to be resumed on)")
     return None
 
 

@@ -83,6 +83,16 @@ def test_a_wsd_cooldown_with_no_step_between_the_rates_is_named():
     assert schedule_problem(0, 7, 7, "cosine", 0.2) is None
 
 
+def test_a_run_that_stops_before_half_its_decay_is_named():
+    """config/train_shakespeare_char.py's 5000 steps of decay, run for 60: the rate stays near learning_rate."""
+    assert schedule_problem(10, 5000, 60, "cosine") == (
+        "lr_decay_iters 5000 is past max_iters 60: the run stops with its learning rate 100% of the way from min_lr "
+        "up to learning_rate; set lr_decay_iters to max_iters to decay within the run (or leave it, for a run to be "
+        "resumed on)")
+    assert schedule_problem(0, 5000, 4000, "wsd").startswith("lr_decay_iters 5000 is past max_iters 4000")  # no cooldown
+    assert schedule_problem(0, 60, 40, "cosine") is None and schedule_problem(0, 5000, 60, "constant") is None
+
+
 def test_constant_schedule_warms_up_then_holds():
     args = dict(learning_rate=1e-3, warmup_iters=10, lr_decay_iters=110, min_lr=1e-4, schedule="constant")
     assert get_lr(0, **args) == pytest.approx(1e-3 / 11)
