@@ -55,7 +55,8 @@ def _checked(key: str, value, defaults: dict, source: str, autos=()):
     if key in autos and value == "auto":
         return value
     if type(value) is not type(default):
-        kind = type(default).__name__ + (" or 'auto'" if key in autos else "")
+        kind = type(default).__name__ + (" or 'auto'" if key in autos else "") + (", True or False" if type(default)
+                                                                                  is bool else "")
         raise UserError(f"config key '{key}' in {source} must be {kind} (default {default!r}), got {value!r}")
     return value
 
@@ -239,6 +240,8 @@ def check_rules(config: dict, setting_rules: dict[str, str]):
             ok = eval(compile(rule, f"rule of {name}", "eval"), {"__builtins__": {}, "inf": math.inf}, dict(config))
         except Exception:  # e.g. n_embd % n_head with n_head 0: the rule cannot hold
             ok = False
+        if not ok and config[name] == "" and rule.replace('"', "'") == f"{name} != ''":  # a setting to give
+            raise UserError(f"{name} is empty: give --{name}=...")
         if not ok:
             others = [f"{k}={config[k]!r}" for k in config if k != name and re.search(rf"\b{k}\b", rule)]
             given = f" (with {', '.join(others)})" if others else ""

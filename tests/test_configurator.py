@@ -27,7 +27,7 @@ def test_unknown_key_names_the_closest_known_key():
 def test_wrong_type_is_an_error():
     with pytest.raises(UserError, match="'batch_size' .* must be int"):
         configure(DEFAULTS, ["--batch_size=3.5"])
-    with pytest.raises(UserError, match="'compile' .* must be bool"):
+    with pytest.raises(UserError, match="'compile' .* must be bool, True or False"):
         configure(DEFAULTS, ["--compile=yes"])
 
 
@@ -230,6 +230,8 @@ def test_a_rule_may_relate_settings_and_names_them_in_the_error():
         check_rules({"learning_rate": float("nan"), "min_lr": 0.0}, found)
     with pytest.raises(UserError, match="n_embd=8 is not valid"):  # a rule that cannot be evaluated does not hold
         check_rules({"n_head": 0, "n_embd": 8}, {"n_embd": "n_embd % n_head == 0"})
+    with pytest.raises(UserError, match=r"^to is empty: give --to=\.\.\.$"):  # export.py's folder, not given
+        check_rules({"to": ""}, {"to": "to != ''"})
 
 
 def test_help_shows_each_rule_beside_its_setting():
