@@ -102,7 +102,7 @@ def load_checkpoint(path: str) -> dict:
     resuming does not spike GPU memory); a UserError when it is missing, unreadable or of another format."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}: check out_dir (init_from='resume' continues a run saved there)"
-                        + kept_hint(os.path.dirname(path), "--resume_from", True))
+                        + kept_hint(os.path.dirname(path)))
     checkpoint = read_file(path)
     missing = sorted(CHECKPOINT_KEYS - set(checkpoint)) if isinstance(checkpoint, dict) else ["everything"]
     if not missing and isinstance(checkpoint["model_args"], dict):
@@ -215,18 +215,16 @@ def kept_name(iter_num: int) -> str:
     return f"ckpt_{iter_num:07d}.pt"
 
 
-def kept_hint(folder: str, setting: str, in_out_dir: bool) -> str:
-    """Where a checkpoint is missing (ckpt.pt moved away to go back, say): the kept steps in its folder and the
-    setting that names one (with the last's name when the folder is out_dir, where the setting looks); ''
-    when there are none, or the folder cannot be listed."""
+def kept_hint(folder: str) -> str:
+    """Where a run's ckpt.pt is missing (moved away to go back, say): the kept steps in its folder and the
+    --resume_from that reads the last; '' when there are none, or the folder cannot be listed."""
     try:
         kept = sorted((n for n in os.listdir(folder or ".") if kept_step(n) >= 0), key=kept_step)
     except OSError:
         kept = []
     if not kept:
         return ""
-    how = f"{setting}={kept[-1]} reads the last" if in_out_dir else f"name one with {setting}"
-    return f"; {folder or '.'} keeps {', '.join(kept[-3:])}: {how}"
+    return f"; {folder or '.'} keeps {', '.join(kept[-3:])}: --resume_from={kept[-1]} reads the last"
 
 
 def kept_step(name: str) -> int:
@@ -260,8 +258,15 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
         if hf.has_weights(folder):  # an export given as out_dir
             raise UserError(f"no checkpoint at {ckpt_path}: {folder} holds a transformers model (export.py's, say): "
                             f"pass --init_from={folder}")
-        raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint"
-                        + kept_hint(folder, "--checkpoint", False))
+        if not os.path.isdir(folder):
+            raise UserError(f"no checkpoint at {ckpt_path}: there is no folder {folder}; check out_dir")
+        try:  # the checkpoints that are there: ckpt.pt, best.pt and the like, and the last three kept steps
+            saved = sorted((n for n in os.listdir(folder) if n.endswith(".pt")), key=lambda n: (kept_step(n), n))
+        except OSError:
+            saved = []
+        shown = [n for n in saved if kept_step(n) < 0] + [n for n in saved if kept_step(n) >= 0][-3:]
+        raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint" + (
+            f"; {folder} holds {', '.join(shown)}: name one with --checkpoint" if shown else ""))
     source = ckpt_path if init_from == "resume" else init_from
     model, vocab, _ = load_pretrained(source, 0.0)
     if vocab is None and model.config.vocab_size < 50257:
