@@ -250,12 +250,15 @@ class Reporter:
             print(json_text({"summary": summary}))
         else:
             fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
+            evaluated = summary["final_loss_iter"] is not None
             print(f"done: {summary['iters']:,} iters, {summary['tokens']:,} tokens in "
-                  f"{format_duration(summary['wall_time_s'])}; final train/val loss {fmt(summary['final_train_loss'])}/"
-                  f"{fmt(summary['final_val_loss'])}"
+                  f"{format_duration(summary['wall_time_s'])}; "
+                  + (f"final train/val loss {fmt(summary['final_train_loss'])}/{fmt(summary['final_val_loss'])}"
+                     if evaluated else "no evaluation in this session")
                   + (f" (from the last eval, at iter {summary['final_loss_iter']})"
                      if summary["final_loss_iter"] not in (None, summary["iters"]) else "")
-                  + f", best val {fmt(summary['best_val_loss'])} at iter {summary['best_iter']}"
+                  + (f", best val {fmt(summary['best_val_loss'])} at iter {summary['best_iter']}"
+                     if summary["best_val_loss"] is not None else "")
                   + (" (the weights it started from, so no best.pt)" if summary["best_iter"] == 0 else "") + "; "
                   + (f"{summary['mean_tokens_per_sec']:,.0f} tok/s" if summary["mean_tokens_per_sec"] else "no steps")
                   + (f", mfu {summary['mean_mfu'] * 100:.1f}%" if summary["mean_mfu"] else "")

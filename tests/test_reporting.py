@@ -309,6 +309,11 @@ def test_the_summary_line_says_where_its_losses_come_from(tmp_path, capsys):
     Reporter(str(tmp_path), "text", active=True).summary(dict(summary, final_loss_iter=526, best_iter=400))
     line = capsys.readouterr().out
     assert "final train/val loss 4.1798/4.1823, best val 2.1898 at iter 400; " in line
+    # a session stopped before its first evaluation (a resume, Ctrl-C at once): no losses of its own to give
+    Reporter(str(tmp_path), "text", active=True).summary(dict(summary, final_train_loss=None, final_val_loss=None,
+                                                             final_loss_iter=None, best_iter=400))
+    line = capsys.readouterr().out
+    assert "in 0:00:10; no evaluation in this session, best val 2.1898 at iter 400; " in line and "None/" not in line
 
 
 def test_a_nan_loss_is_null_in_the_json_log_and_files_which_strict_parsers_read(tmp_path, capsys):
