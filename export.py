@@ -71,6 +71,8 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
     os.makedirs(parent, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent, prefix=".export-") as tmp:
         staged = os.path.join(tmp, "model")
+        from transformers.utils import logging
+        logging.disable_progress_bar()  # its bar (in a log, a line of control characters): the last line says it all
         hf_model.save_pretrained(staged)
         tokenizer = write_tokenizer(vocab, model.config.vocab_size, staged)
         files = sorted(os.listdir(staged))
