@@ -579,7 +579,8 @@ def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_pat
     evaluated = json.load(open(os.path.join(trained, "eval.json")))
     assert evaluated["iter"] == 4 and evaluated["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-6)
     # its lines describe the evaluation, not the training run the config also describes
-    batches = f"{evaluated['eval_iters']} batches of {evaluated['batch_size']} sequences x {evaluated['block_size']} tokens"
+    batches = (f"{evaluated['eval_iters']} batches of {evaluated['batch_size']} sequences x "
+               f"{evaluated['block_size']} tokens")
     assert f"evaluation: {batches} per split" in result.stdout and "; one evaluation of iteration 4;" in result.stdout
     assert "evaluating with settings other than the run's: learning_rate=0.001 (was 0.003)" in result.stdout
     assert "tokens per iteration" not in result.stdout and "steps of" not in result.stdout
@@ -647,6 +648,8 @@ def test_overwrite_replaces_the_earlier_run_whole(char_data, tmp_path):
                         cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert sorted(f for f in os.listdir(out) if f.startswith("ckpt_")) == ["ckpt_2.pt", "ckpt_before_lr_change.pt"]
+    assert ("overwrite=True: deleted the earlier run's best.pt, ckpt.pt, ckpt_0000004.pt, ckpt_0000008.pt, "
+            "summary.json, and began metrics.csv anew") in result.stdout
     assert max(losses(out)) == 4 and torch.load(os.path.join(out, "best.pt"), weights_only=True)["iter_num"] == 4
 
 
