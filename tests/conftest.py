@@ -86,18 +86,18 @@ def char_vocab_size(data_dir: str) -> int:
     return read_meta(data_dir)["vocab_size"]
 
 
-# A Python that has imported torch once and forks a child per job, which runs the script as `python script`
-# would: as __main__, its folder first on sys.path, stdin empty, numpy's and torch's global RNGs freshly seeded
-# (Python's `random` reseeds itself after a fork), uncaught exceptions through sys.excepthook, threads joined and
-# atexit run, the exit status the interpreter would give. A job of n ranks forks n children with the variables
-# torchrun gives its workers and, as torchrun's agent does, stops the others with SIGTERM (SIGKILL 30 s later)
-# once one fails; it exits 0 when all did, else 1. Each child has a process group of its own, as a torchrun
-# worker has, so that a stop (and a job of ranks at its end, as torchrun's agent) reaches what it started. A job past its timeout is killed and reported as such.
-# What differs: torch read its settings from the environment once, at its import here (OMP_NUM_THREADS, 1 as
-# run_script gives every script; inductor's; Warm.run starts a fresh Python for a job that sets those
-# otherwise); rank 0 holds the rendezvous store at MASTER_PORT, which is picked free just before and so could be
-# taken in between (torchrun's agent holds its own). Each job saves the import of torch and of torch._dynamo,
-# about two seconds a process, and a group saves torchrun's own start as well.
+# A Python that has imported torch once and forks a child per job, which runs the script as `python script` would:
+# as __main__, its folder first on sys.path, stdin empty, numpy's and torch's global RNGs freshly seeded (Python's
+# `random` reseeds itself after a fork), uncaught exceptions through sys.excepthook, threads joined and atexit run,
+# the exit status the interpreter would give. A job of n ranks forks n children with the variables torchrun gives
+# its workers and, as torchrun's agent does, stops the others with SIGTERM (SIGKILL 30 s later) once one fails; it
+# exits 0 when all did, else 1. Each child has a process group of its own, as a torchrun worker has, so that a stop
+# (and a job of ranks at its end, as torchrun's agent) reaches what it started. A job past its timeout is killed
+# and reported as such. What differs: torch read its settings from the environment once, at its import here
+# (OMP_NUM_THREADS, 1 as run_script gives every script; inductor's; Warm.run starts a fresh Python for a job that
+# sets those otherwise); rank 0 holds the rendezvous store at MASTER_PORT, which is picked free just before and so
+# could be taken in between (torchrun's agent holds its own). Each job saves the import of torch and of
+# torch._dynamo, about two seconds a process, and a group saves torchrun's own start as well.
 WARM = r"""
 import atexit, json, os, runpy, signal, socket, sys, threading, time
 import numpy, torch
