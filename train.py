@@ -619,9 +619,11 @@ if __name__ == "__main__":
         for name in stale_files:
             if name != "metrics.csv":
                 os.remove(os.path.join(out_dir, name))
-        if stale_files:
-            report.print(f"overwrite=True: deleted the earlier run's {', '.join(f for f in stale_files if f != 'metrics.csv')}"
-                         + (", and began metrics.csv anew" if "metrics.csv" in stale_files else ""), always=True)
+        deleted = [name for name in stale_files if name != "metrics.csv"]
+        done = ([f"deleted the earlier run's {', '.join(deleted)}"] if deleted else []) + \
+            (["began metrics.csv anew"] if "metrics.csv" in stale_files else [])
+        if done:
+            report.print(f"overwrite=True: {', and '.join(done)}", always=True)
         lock.claim(f"train.py (pid {os.getpid()} on {socket.gethostname()}, started "
                    f"{datetime.datetime.now().isoformat(timespec='seconds')})")
     peak = peak_flops(device)
