@@ -28,6 +28,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import sys
 import time
 from typing import Iterable, Iterator
@@ -354,22 +355,32 @@ def holding(out_dir: str):
 
 
 def held_dataset(out_dir: str) -> str | None:
-    """The dataset out_dir holds already, in a few words (None: none), so that a prepare does not replace it
-    unasked: a run trained on it resumes only on the same tokens."""
+    """What dataset out_dir holds already, in a few words (None: none), so that a prepare does not replace it
+    unasked: a run trained on it resumes only on the same tokens. A dataset is a meta.json or the token files a
+    prepare writes (train.bin, val_000.bin, ...; nanoGPT's layout has no meta.json), which a prepare replaces;
+    other files are not one."""
     try:
         names = os.listdir(out_dir)
     except OSError:  # no folder yet (or a file there, which make_out_dir names)
         return None
+    bins = sorted(n for n in names if re.fullmatch(r"(train|val)(_\d{3,})?\.bin", n))
     if "meta.json" in names:
         try:
             with open(os.path.join(out_dir, "meta.json")) as f:
                 meta = json.load(f)
-            return (f"{meta['tokenizer']}, {meta['splits']['train']['tokens']:,} train tokens, vocab_size "
-                    f"{meta['vocab_size']}" + (f", from {meta['source']}" if meta.get("source") else ""))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # torn or foreign: a dataset all the same
-            return "its meta.json unreadable"
-    bins = sorted(n for n in names if n.endswith(".bin"))
-    return f"token files {', '.join(bins[:3])}{', ...' if len(bins) > 3 else ''}" if bins else None
+            return (f"a dataset ({meta['tokenizer']}, {meta['splits']['train']['tokens']:,} train tokens, vocab_size "
+                    f"{meta['vocab_size']}" + (f", from {meta['source']}" if meta.get("source") else "") + ")")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # torn, or another tool's: replaced too
+            return "a meta.json that is not a dataset's" + (f", token files {', '.join(bins[:3])}" if bins else "")
+    return f"a dataset (token files {', '.join(bins[:3])}{', ...' if len(bins) > 3 else ''})" if bins else None
+
+
+def refuse_to_replace(out_dir: str):
+    """A PrepareError when out_dir holds a dataset (held_dataset)."""
+    held = held_dataset(out_dir)
+    if held:
+        raise PrepareError(f"--out_dir {out_dir} already holds {held}: choose another --out_dir, or add "
+                           "--overwrite to replace it (a run trained on it resumes only on the same tokens)")
 
 
 def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict) -> dict:
@@ -408,9 +419,11 @@ def run_cli(job, out_dir: str):
 
 def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt2", chars: str | None = None,
                    val_fraction: float = 0.01, seed: int = 0, workers: int = 0, shard_tokens: int = 0,
-                   rank_file: str | None = None, progress: bool = True, source: str = "") -> dict:
+                   rank_file: str | None = None, progress: bool = True, source: str = "",
+                   overwrite: bool = True) -> dict:
     """Tokenize documents into out_dir with worker processes (0: one per core) and write meta.json.
-    tokenizer is 'gpt2' or 'char' (then chars is the sorted alphabet). Returns the meta dict."""
+    tokenizer is 'gpt2' or 'char' (then chars is the sorted alphabet); overwrite=False refuses a folder that holds
+    a dataset (held_dataset). Returns the meta dict."""
     if tokenizer not in ("gpt2", "char"):
         raise PrepareError(f"tokenizer '{tokenizer}' is not gpt2 or char")
     if tokenizer == "char" and not chars:
@@ -426,6 +439,8 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
     vocab_size = len(chars) + 1 if tokenizer == "char" else EOT + 1
     dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
     with holding(out_dir):
+        if not overwrite:
+            refuse_to_replace(out_dir)
         writers = {split: TokenWriter(out_dir, split, dtype, shard_tokens) for split in ("train", "val")}
         workers = workers or os.cpu_count() or 1
         max_id, n_chars, t0, shown = -1, 0, time.time(), 0.0
@@ -512,14 +527,13 @@ if __name__ == "__main__":
     args = parser.parse_args()
 
     def job():
-        held = None if args.overwrite else held_dataset(args.out_dir)
-        if held:
-            raise PrepareError(f"--out_dir {args.out_dir} already holds a dataset ({held}): choose another --out_dir, "
-                               "or add --overwrite to replace it (a run trained on it resumes only on the same tokens)")
+        if not args.overwrite:  # here, before the corpus is read, and again once the folder is held
+            refuse_to_replace(args.out_dir)
         if args.tokenizer == "gpt2" and args.gpt2_tiktoken and not os.path.isfile(args.gpt2_tiktoken):
             raise PrepareError(f"--gpt2_tiktoken {args.gpt2_tiktoken} is not a file")
         files = list_files(args.input)
         chars = alphabet(iter_documents(files, args.text_field)) if args.tokenizer == "char" else None
         prepare_corpus(iter_documents(files, args.text_field), args.out_dir, args.tokenizer, chars, args.val_fraction,
-                       args.seed, args.workers, args.shard_tokens, args.gpt2_tiktoken, source=" ".join(args.input))
+                       args.seed, args.workers, args.shard_tokens, args.gpt2_tiktoken, source=" ".join(args.input),
+                       overwrite=args.overwrite)
     run_cli(job, args.out_dir)

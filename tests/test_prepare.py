@@ -300,3 +300,25 @@ def test_prepared_corpus_trains_and_samples(tmp_path, tokenizer):
                            f"--out_dir={tmp_path / 'again'}", "--max_iters=1", "--eval_interval=1", cwd=str(tmp_path))
         assert again.returncode == 0, again.stderr
         assert "---- sample at iter 0 ----" in again.stdout
+
+
+def test_a_prepare_asked_not_to_replace_a_dataset_tells_one_from_other_files(tmp_path):
+    """held_dataset: a meta.json or the token files a prepare writes are a dataset; a transformers export's
+    pytorch_model.bin or notes are not, and another tool's meta.json, which a prepare would replace, is named."""
+    folder = tmp_path / "d"
+    assert prepare.held_dataset(str(folder)) is None  # not made yet
+    folder.mkdir()
+    (folder / "pytorch_model.bin").write_bytes(b"weights")
+    (folder / "notes.txt").write_text("mine")
+    assert prepare.held_dataset(str(folder)) is None
+    (folder / "meta.json").write_text('{"model_type": "gpt2"}')
+    assert prepare.held_dataset(str(folder)) == "a meta.json that is not a dataset's"
+    (folder / "meta.json").unlink()
+    for name in ("train_000.bin", "train_001.bin", "val_000.bin", "val_001.bin"):  # nanoGPT's layout, sharded
+        (folder / name).write_bytes(b"\0\0")
+    assert prepare.held_dataset(str(folder)) == "a dataset (token files train_000.bin, train_001.bin, val_000.bin, ...)"
+    with pytest.raises(prepare.PrepareError, match=r"already holds a dataset \(char, [\d,]+ train tokens, vocab_size "
+                                                   r"\d+, from words\): choose another --out_dir, or add --overwrite"):
+        for overwrite in (True, False):  # the first writes it, the second is refused once it holds the folder
+            prepare.prepare_corpus(["some words"] * 200, str(tmp_path / "e"), "char", " demorsw", workers=1,
+                                   progress=False, source="words", overwrite=overwrite)
