@@ -259,12 +259,14 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
             raise UserError(f"no checkpoint at {ckpt_path}: {folder} holds a transformers model (export.py's, say): "
                             f"pass --init_from={folder}")
         if not os.path.isdir(folder):
-            raise UserError(f"no checkpoint at {ckpt_path}: there is no folder {folder}; check out_dir")
+            raise UserError(f"no checkpoint at {ckpt_path}: there is no folder {folder}; check out_dir and checkpoint")
         try:  # the checkpoints that are there: ckpt.pt, best.pt and the like, and the last three kept steps
             saved = sorted((n for n in os.listdir(folder) if n.endswith(".pt")), key=lambda n: (kept_step(n), n))
         except OSError:
             saved = []
-        shown = [n for n in saved if kept_step(n) < 0] + [n for n in saved if kept_step(n) >= 0][-3:]
+        named, kept = [n for n in saved if kept_step(n) < 0], [n for n in saved if kept_step(n) >= 0]
+        shown = named[:4] + (["..."] if len(named) > 4 else []) + \
+            ([("kept steps ending " if len(kept) > 3 else "") + ", ".join(kept[-3:])] if kept else [])
         raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint" + (
             f"; {folder} holds {', '.join(shown)}: name one with --checkpoint" if shown else ""))
     source = ckpt_path if init_from == "resume" else init_from

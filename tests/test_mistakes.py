@@ -386,7 +386,7 @@ CASES = [
     Case("sample init_from", "sample.py", ["--out_dir={run}", "--device=cpu", "--init_from=gpt5"], r"init_from='gpt5' is not resume"),
     # ---- eval.py and export.py
     Case("eval of no checkpoint", "eval.py", ["--out_dir={tmp}/none", "--device=cpu", "--hellaswag={run}/metrics.csv"],
-         r"no checkpoint at .*none/ckpt.pt: there is no folder .*none; check out_dir$"),  # before the file's items
+         r"no checkpoint at .*none/ckpt.pt: there is no folder .*none; check out_dir and checkpoint$"),  # before the file's items
     Case("sample a checkpoint not kept", "sample.py", ["--out_dir={run}", "--device=cpu", "--checkpoint=ckpt_40.pt"],
          r"no checkpoint at .*run/ckpt_40.pt: check out_dir and checkpoint; .*run holds best.pt, ckpt.pt: name one with "
          r"--checkpoint$"),
