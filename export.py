@@ -72,8 +72,13 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
     with tempfile.TemporaryDirectory(dir=parent, prefix=".export-") as tmp:
         staged = os.path.join(tmp, "model")
         from transformers.utils import logging
+        bar = logging.is_progress_bar_enabled()
         logging.disable_progress_bar()  # its bar (in a log, a line of control characters): the last line says it all
-        hf_model.save_pretrained(staged)
+        try:
+            hf_model.save_pretrained(staged)
+        finally:
+            if bar:
+                logging.enable_progress_bar()
         tokenizer = write_tokenizer(vocab, model.config.vocab_size, staged)
         files = sorted(os.listdir(staged))
         if os.path.exists(folder):  # moved aside, not deleted, until the new folder is in place

@@ -366,8 +366,9 @@ def test_a_run_from_a_checkpoint_checks_its_data_against_the_models_context_not_
 @pytest.mark.slow
 def test_an_exported_folder_is_an_init_from_that_trains(run, char_data, tmp_path):
     folder = str(tmp_path / "hf")
-    model, vocab = load_trained("resume", os.path.join(run, "ckpt.pt"))
-    export(model, vocab, folder, "float32", False)
+    exported = run_script("export.py", f"--out_dir={run}", f"--to={folder}", cwd=str(tmp_path))  # the script itself
+    assert exported.returncode == 0 and exported.stdout.startswith(f"wrote {folder}: GPT2LMHeadModel")
+    assert exported.stderr == ""  # no progress bar of transformers' in a log
     evaluated = run_script("train.py", *tiny_args(char_data, str(tmp_path / "eval"), init_from=folder, eval_only=True),
                            cwd=str(tmp_path))
     assert evaluated.returncode == 0, evaluated.stderr
