@@ -125,9 +125,9 @@ def test_a_kill_right_after_a_checkpoint_loses_no_sample(char_data, tmp_path):
 
 
 def test_an_eval_of_weights_that_are_not_finite_writes_no_sample(char_data, tmp_path):
-    result = run_script("train.py", *args_for(char_data, str(tmp_path / "out"), max_iters=8, eval_interval=4,
-                                              sample_interval=1, learning_rate=1e30, min_lr=0, grad_clip=0,
-                                              max_nonfinite_steps=100), cwd=str(tmp_path))
+    result = run_script("train.py", *args_for(char_data, str(tmp_path / "out"), max_iters=8, lr_decay_iters=8,
+                                              eval_interval=4, sample_interval=1, learning_rate=1e30, min_lr=0,
+                                              grad_clip=0, max_nonfinite_steps=100), cwd=str(tmp_path))
     assert "iter 4: no sample, the val loss is nan" in result.stdout
     assert result.stderr.strip().startswith("error: the last evaluation (iter 8) gave val loss nan")
 

@@ -84,7 +84,7 @@ def test_a_wsd_cooldown_with_no_step_between_the_rates_is_named():
 
 
 def test_a_run_that_stops_before_half_its_decay_is_named():
-    """config/train_shakespeare_char.py's 5000 steps of decay, run for 60: the rate stays near learning_rate."""
+    """A 5000-step decay (config/train_shakespeare_char.py's) run for 60 steps: the rate stays at learning_rate."""
     assert schedule_problem(10, 5000, 60, "cosine") == (
         "lr_decay_iters 5000 is past max_iters 60: the run stops with its learning rate 100% of the way from min_lr "
         "up to learning_rate; set lr_decay_iters to max_iters to decay within the run (or leave it, for a run to be "
