@@ -651,6 +651,10 @@ def test_overwrite_replaces_the_earlier_run_whole(char_data, tmp_path):
     assert ("overwrite=True: deleted the earlier run's best.pt, ckpt.pt, ckpt_0000004.pt, ckpt_0000008.pt, "
             "summary.json, and began metrics.csv anew") in result.stdout
     assert max(losses(out)) == 4 and torch.load(os.path.join(out, "best.pt"), weights_only=True)["iter_num"] == 4
+    for name in ("ckpt.pt", "best.pt", "summary.json"):  # as a run stopped before its first checkpoint leaves it
+        os.remove(os.path.join(out, name))
+    again = run_script("train.py", *args_for(char_data, out, max_iters=2, overwrite=True), cwd=str(tmp_path))
+    assert again.returncode == 0 and "overwrite=True: began metrics.csv anew\n" in again.stdout, again.stderr
 
 
 def test_a_torn_metrics_row_is_cut_off_when_the_run_resumes(char_data, straight_run, tmp_path):
