@@ -36,11 +36,24 @@ def excepthook(exc_type, exc, tb):
         print("interrupted (Ctrl-C)", file=sys.stderr)
     elif lost:
         print(f"error: another process of this run stopped ({lost}): its own output says why", file=sys.stderr)
+    elif issubclass(exc_type, BrokenPipeError) and stdout_closed():  # its reader went (`| head`): as a shell tool,
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # quietly; the exit's flush goes nowhere
     else:
         traceback.print_exception(exc_type, exc, tb)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
         dist.destroy_process_group()
+
+
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it)."""
+    import select
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no such fd, or no poll on this system
+        return False
 
 
 def peer_lost(exc: BaseException) -> str | None:

@@ -70,14 +70,17 @@ if __name__ == "__main__":
 
     def progress(done: int, total: int, acc_norm: float):
         if rank == 0:
-            print(f"hellaswag {done:,}/{total:,} items, {time.time() - t0:.0f}s: acc_norm so far {acc_norm:.4f} "
-                  "(rank 0's share)", flush=True)
+            try:
+                print(f"hellaswag {done:,}/{total:,} items, {time.time() - t0:.0f}s: acc_norm so far {acc_norm:.4f} "
+                      "(rank 0's share)", flush=True)
+            except BrokenPipeError:  # stdout's reader went (`| head -1`): the scoring goes on, for out_file
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     result = score(model, examples, encode, device, autocast_context(device_type, dtype), rank, world_size, progress)
     result = {"model": source, **result, "dtype": dtype}
     if rank == 0:
+        if out_file:  # first: the result is kept whatever becomes of stdout (a closed pipe, a full disk)
+            write_json(out_file, result)
         print(f"hellaswag of {source}: acc {result['acc']:.4f}, acc_norm {result['acc_norm']:.4f} over "
               f"{result['items']:,} items ({time.time() - t0:.0f}s)")
-        if out_file:
-            write_json(out_file, result)
     leave_distributed(world_size)

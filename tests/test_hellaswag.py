@@ -194,3 +194,30 @@ def test_items_a_character_model_cannot_encode_stop_training_before_it_starts(ch
                                                hellaswag_file=data), cwd=str(tmp_path))
     assert result.returncode != 0 and "error: HellaSwag item 0 cannot be encoded" in result.stderr
     assert not os.path.exists(tmp_path / "out" / "metrics.csv")
+
+
+@pytest.mark.slow
+def test_eval_py_piped_into_a_reader_that_stops_keeps_its_result_and_ends_quietly(tmp_path):
+    """`eval.py ... | head -1`: the pipe closes after the first line, and the next print fails (EPIPE). The
+    result file is written before the result line, and the broken pipe ends the script without a traceback. (A
+    progress line, every 1,000 items, that fails leaves the scoring to go on: checked once with 1,050 items, 39 s
+    here, too long for the suite.)"""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    data, ckpt, out = str(tmp_path / "h.jsonl"), str(tmp_path / "unigram.pt"), str(tmp_path / "result.json")
+    write_jsonl(data, ITEMS)
+    model = unigram_model()
+    torch.save({"model": model.state_dict(), "model_args": {k: getattr(model.config, k) for k in
+                ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")},
+                "vocabulary": {"tokenizer": "char", "chars": CHARS}}, ckpt)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # a reader that has gone already
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), f"--init_from={ckpt}", f"--hellaswag={data}",
+                             "--device=cpu", f"--out_file={out}"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                            cwd=str(tmp_path), timeout=120)
+    os.close(write_end)
+    assert result.returncode == 1 and result.stderr == "", result.stderr
+    with open(out) as f:
+        assert json.load(f)["items"] == len(ITEMS)
