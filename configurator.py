@@ -64,6 +64,8 @@ def _checked(key: str, value, defaults: dict, source: str, autos=()):
 def parse_value(raw: str, default):
     """A flag's value as a Python literal ('3e-4', 'True', "'x'"), else as the raw string.
     Where the default is a string, the raw text is kept unless it is a quoted string."""
+    if isinstance(default, float) and raw.strip().lower().lstrip("+-") in ("inf", "nan"):
+        return float(raw)  # no literal, but a float all the same: the setting's rule then says what is wrong
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):  # the last two: a pathologically nested literal

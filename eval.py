@@ -39,7 +39,7 @@ def check_out_file(path: str):
     if not path:
         return
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise UserError(f"out_file {path}: its folder does not exist")
+        raise UserError(f"out_file {path}: its folder does not exist: create it, or name another")
     if os.path.isdir(path):
         raise UserError(f"out_file {path} is a folder: name a .json file")
     fix = "choose another out_file, or remove that file"

@@ -309,7 +309,8 @@ def write_tokenizer(vocab: dict | None, vocab_size: int, folder: str) -> str:
             tok.add_special_tokens(["<|endoftext|>"])  # the next id: len(chars)
         tf.PreTrainedTokenizerFast(tokenizer_object=tok,
                                    eos_token="<|endoftext|>" if eot else None).save_pretrained(folder)
-        return f"a {len(chars)}-character tokenizer" + (" with <|endoftext|>" if eot else "")
+        article = "an" if str(len(chars))[0] == "8" or len(chars) in (11, 18) else "a"  # an 86-, an 11-
+        return f"{article} {len(chars)}-character tokenizer" + (" with <|endoftext|>" if eot else "")
     from tokenizer import EOT, gpt2_encoding
 
     enc = gpt2_encoding()

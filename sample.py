@@ -44,7 +44,7 @@ def read_prompt(start: str) -> str:
         with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is no part of the prompt
             return f.read()
     except FileNotFoundError:
-        raise UserError(f"start={start!r}: prompt file {path} not found") from None
+        raise UserError(f"start={start!r}: prompt file {path!r} not found: check the path after FILE:") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"start={start!r}: prompt file {path} cannot be read as UTF-8 text ({e.__class__.__name__})") from None
 

@@ -29,6 +29,9 @@ def test_wrong_type_is_an_error():
         configure(DEFAULTS, ["--batch_size=3.5"])
     with pytest.raises(UserError, match="'compile' .* must be bool, True or False"):
         configure(DEFAULTS, ["--compile=yes"])
+    # inf and nan are floats, though no literals: the rules judge them (0 < learning_rate < inf), not the type check
+    assert configure(DEFAULTS, ["--learning_rate=inf"])["learning_rate"] == float("inf")
+    assert configure(DEFAULTS, ["--learning_rate=-inf"])["learning_rate"] == float("-inf")
 
 
 def test_a_later_number_replaces_an_earlier_auto(tmp_path):

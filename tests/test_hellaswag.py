@@ -97,6 +97,8 @@ def write_jsonl(path, items):
 
 @pytest.mark.parametrize("line,problem", [('{"ctx": "a", "endings": ["a", "b"], "label": 0}', "endings"),
                                           ('{"ctx": "a", "endings": ["a", "b", "c", "d"], "label": 4}', "label"),
+                                          ('{"ctx": "a", "endings": ["a", "b", "c", "d"], "label": true}', "bool"),
+                                          ('{"ctx": "a", "endings": ["a", "b", "c", "d"], "label": 1.0}', "float"),
                                           ('{"ctx": "", "endings": ["a", "b", "c", "d"], "label": 0}', "empty ctx"),
                                           ("not json", "json"),
                                           ('{"ctx": "caf\xe9", "endings": ["a", "b", "c", "d"], "label": 0}', "latin-1")])

@@ -372,7 +372,7 @@ CASES = [
     Case("sample num_samples=0", "sample.py", ["--out_dir={run}", "--device=cpu", "--num_samples=0"], r"num_samples=0 is not valid"),
     Case("sample max_new_tokens=0", "sample.py", ["--out_dir={run}", "--device=cpu", "--max_new_tokens=0"], r"max_new_tokens=0 is not valid"),
     Case("sample prompt file", "sample.py", ["--out_dir={run}", "--device=cpu", "--start=FILE:{tmp}/nope.txt"],
-         r"start='FILE:.*nope.txt': prompt file .*nope.txt not found"),
+         r"start='FILE:.*nope.txt': prompt file .*nope.txt' not found: check the path after FILE:"),
     Case("sample prompt chars", "sample.py", ["--out_dir={run}", "--device=cpu", "--start=XYZ"],
          r"start: the text has characters the dataset does not"),
     Case("sample no checkpoint", "sample.py", ["--out_dir={tmp}", "--device=cpu"], r"no checkpoint at .*ckpt.pt"),
