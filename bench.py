@@ -548,9 +548,10 @@ class StoppedBuilding(BaseException):
 def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: int, rounds: int):
     """Config A and the --compare configs, timed in alternation in this one process: each one's tokens/s ratio
     to A, and its spread over rounds. A config that fails (out of memory, a compile error, fp8 on an older GPU)
-    is reported and left out, the others go on, and the exit status is 1. SIGTERM (a caller's time limit) ends
-    the timing after the round in progress, and the rounds done are reported; while the configs are still being
-    built (compiled), it stops the one in progress and times one round of those built, if A is among them. Every
+    is reported and left out, the others go on, and the exit status is 1. SIGTERM (a caller's time limit) or a
+    Ctrl-C ends the timing after the round in progress, and the rounds done are reported (a second Ctrl-C exits at
+    once); while the configs are still being built (compiled), it stops the one in progress and times one round of
+    those built, if A is among them. Every
     config is compiled in this process, so Dynamo may recompile the model's code once per config: its limit is
     raised to match."""
     configs = {"A": config, **variants_of(config, compare)}
@@ -560,13 +561,16 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(configs))
     stopped, building = [], [True]
 
-    def on_sigterm(*_):
-        stopped.append(True)
+    def on_sigterm(signum, _):
+        if stopped and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stopped.append(signal.Signals(signum).name)
         if building[0]:  # a compile can take a minute, longer than a caller waits after SIGTERM
             building[0] = False  # once: a second signal (timeout sends two) must not break the first one's unwinding
             raise StoppedBuilding
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigterm)
     runs, times, failed, built = {}, {}, [], []
 
     def attempt(label: str, work):
@@ -600,10 +604,10 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
             runs.pop(label, None), times.pop(label, None)
     if stopped:
         if "A" not in runs:
-            raise UserError("stopped by SIGTERM while A was built: nothing was timed")
+            raise UserError(f"stopped by {stopped[0]} while A was built: nothing was timed")
         unbuilt = [label for label in configs if label not in runs and label not in failed]
         if unbuilt:
-            print(f"stopped by SIGTERM while the configs were built: {', '.join(unbuilt)} left out, one round of the "
+            print(f"stopped by {stopped[0]} while the configs were built: {', '.join(unbuilt)} left out, one round of the "
                   "others", flush=True)
     done = 0
     while done < rounds and (not stopped or not done):
@@ -614,9 +618,9 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
         print(f"round {done}/{rounds}: " + ", ".join(f"{label} {times[label][-1] * 1000:.2f} ms/iter" for label in runs),
               flush=True)
     if stopped:
-        print(f"stopped by SIGTERM after {done} of {rounds} rounds")
+        print(f"stopped by {stopped[0]} after {done} of {rounds} rounds")
     if not done:
-        raise UserError("stopped by SIGTERM before a round was timed")
+        raise UserError(f"stopped by {stopped[0]} before a round was timed")
     for label, run in runs.items():
         print(f"{label}: {figures(run, statistics.median(times[label]), config['device'])} (median of {done} rounds)")
     for label in runs:

@@ -290,8 +290,9 @@ def test_bench_compares_several_configs_in_one_process_and_leaves_out_one_that_f
     assert re.search(r"^B3: .* tokens/s .*\nB1/A tokens/s: [\d.]+x .*\nB3/A tokens/s: [\d.]+x", result.stdout, re.M)
 
 
-def test_bench_compare_stopped_by_sigterm_reports_the_rounds_it_timed(tmp_path):
-    """A caller's time limit (SIGTERM) ends the timing after the round in progress, not the figures."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_bench_compare_stopped_by_sigterm_reports_the_rounds_it_timed(tmp_path, sig):
+    """A caller's time limit (SIGTERM), or a Ctrl-C, ends the timing after the round in progress, not the figures."""
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--device=cpu", "--compile=False",
                              "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
                              "--vocab_size=64", "--warmup_steps=1", "--num_steps=2", "--rounds=100000",
@@ -301,11 +302,11 @@ def test_bench_compare_stopped_by_sigterm_reports_the_rounds_it_timed(tmp_path):
     for line in proc.stdout:
         lines.append(line)
         if line.startswith("round 3/"):
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             break
     lines += proc.stdout.readlines()
     assert proc.wait(timeout=60) == 0
-    done = int(re.search(r"^stopped by SIGTERM after (\d+) of 100000 rounds$", "".join(lines), re.M)[1])
+    done = int(re.search(rf"^stopped by {sig.name} after (\d+) of 100000 rounds$", "".join(lines), re.M)[1])
     assert 3 <= done < 100000 and sum(line.startswith("round ") for line in lines) == done
     assert re.search(rf"^B/A tokens/s: [\d.]+x \(min [\d.]+x, max [\d.]+x over {done} rounds", "".join(lines), re.M)
 
