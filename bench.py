@@ -671,8 +671,8 @@ if __name__ == "__main__":
         print("on a CPU, the model keys left at their defaults are shrunk: "
               + ", ".join(f"{k}={v}" for k, v in shrunk.items()))
     globals().update(config)
-    why = unprepared(dataset) if mode in ("train", "generate") and not vocab_size \
-        and dataset != config_defaults["dataset"] else None
+    why = unprepared(dataset) if mode in ("train", "generate") and not vocab_size and not real_data \
+        and dataset != config_defaults["dataset"] else None  # real_data: reading it says the same, as an error
     if why:  # the default, openwebtext, is GPT-2's vocabulary either way
         print(f"note: {why}; until it is, the model is timed with GPT-2's vocabulary, 50304 (or give --vocab_size=N)")
     if batch_size == "auto" and mode != "train":
@@ -687,6 +687,8 @@ if __name__ == "__main__":
             raise UserError(f"corpus_text {corpus_text} is not a file: give --corpus_text=PATH (a text of a few MB), "
                             "or run data/shakespeare_char/prepare.py without --input, which keeps there the text it "
                             "downloads")
+        if not os.path.getsize(corpus_text):  # else prepare.py's own line would name its --input, not this flag
+            raise UserError(f"corpus_text {corpus_text} is empty: give --corpus_text=PATH of a text of a few MB")
         bench_prepare(corpus_text, sorted({max(1, corpus_mb // 3), corpus_mb}), gpt2_tiktoken)
         sys.exit(0)
     if mode == "generate":

@@ -488,6 +488,9 @@ CASES = [
     Case("bench profile of generate", "bench.py", ["--mode=generate", "--profile=True", "--device=cpu"],
          r"profile=True is not valid: profile must satisfy not profile or mode == 'train' \(with mode='generate'\)"),
     Case("bench corpus missing", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/nope.txt"], r"corpus_text .*nope.txt is not a file"),
+    Case("bench corpus empty", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/empty.txt"],
+         r"corpus_text .*empty.txt is empty: give --corpus_text=PATH", setup=lambda tmp, run, data: write(
+             os.path.join(tmp, "empty.txt"), "")),
     Case("bench corpus not UTF-8", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/latin1.txt", "--corpus_mb=1"],
          r"corpus_text .*latin1.txt is not UTF-8 text", setup=lambda tmp, run, data: open(os.path.join(tmp, "latin1.txt"), "wb").write(b"caf\xe9")),
     Case("bench prepare's own error", "bench.py", ["--mode=prepare", "--corpus_text={tmp}/c.txt", "--corpus_mb=1",
