@@ -171,7 +171,10 @@ def encode_setting(encode, setting: str, text: str, default: str | None = None) 
         return encode(text)
     except UserError as e:
         if text != default:
-            raise UserError(f"{setting}: {e}") from None
+            typed = "\\n" in text and "\n" not in text  # --start='\n' in a shell: a backslash and an n
+            escape = (f" (\\n in a flag is those two characters: for a newline give a Python string, "
+                      f"--{setting}=\"'ROMEO:\\n'\")") if typed else ""
+            raise UserError(f"{setting}: {e}{escape}") from None
         try:  # one token: the model's separator, not the 13 characters of its name
             separator = f", or --{setting}='<|endoftext|>' to start where a document does" \
                 if len(encode("<|endoftext|>")) == 1 else ""

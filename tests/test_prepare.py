@@ -263,6 +263,10 @@ def test_a_character_codec_encodes_the_separator_as_its_token_where_the_model_ha
     with pytest.raises(UserError, match=r"^start: the text has characters the dataset does not: \['x'\]: write it "
                                         r"with the characters the model was trained on$"):
         encode_setting(encode, "start", "x", default="\n")
+    # --start='a\nb' typed in a shell: a backslash and an n, which a flag keeps as they are
+    with pytest.raises(UserError, match=r"\(\\n in a flag is those two characters: for a newline give a Python "
+                                        r"string, --start=\"'ROMEO:\\n'\"\)$"):
+        encode_setting(encode, "start", "a\\nb", default="\n")
 
 
 @pytest.mark.slow
