@@ -73,6 +73,9 @@ if __name__ == "__main__":
     if not ids:
         raise UserError("start is empty: give a prompt of at least one token, e.g. --start=ROMEO:, or leave --start "
                         "out for the default, a newline")
+    if len(ids) > model.config.block_size:  # printed whole below, though the model sees only its end
+        print(f"note: the prompt's {len(ids):,} tokens are more than block_size {model.config.block_size}: the model "
+              f"sees its last {model.config.block_size}", file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
     with torch.no_grad(), ctx:
         for _ in range(num_samples):

@@ -410,6 +410,10 @@ def test_a_resume_on_data_that_no_longer_names_its_characters_keeps_the_checkpoi
     sampled = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5",
                          "--start=ROMEO:", cwd=str(tmp_path))
     assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr
+    assert sampled.stderr == ""  # a prompt inside block_size: no note
+    long = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5",
+                      f"--start={'ROMEO:' * 7}", cwd=str(tmp_path))  # 42 characters, block_size 32
+    assert long.stderr == "note: the prompt's 42 tokens are more than block_size 32: the model sees its last 32\n"
     started = run_script("train.py", *args_for(str(data), str(tmp_path / "new"), max_iters=2, sample_interval=1,
                                                sample_prompt="ROMEO:", init_from=os.path.join(out, "ckpt.pt")),
                          cwd=str(tmp_path))  # a new run from its weights: the same characters
