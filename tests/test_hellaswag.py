@@ -120,15 +120,20 @@ def test_labels_given_as_strings_read_as_ints(tmp_path):
         read_examples(str(strings))
 
 
+def save_unigram_checkpoint(path: str):
+    """unigram_model as a checkpoint that eval.py reads with --init_from=PATH, its characters kept in it."""
+    model = unigram_model()
+    torch.save({"model": model.state_dict(), "model_args": {k: getattr(model.config, k) for k in
+                ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")},
+                "vocabulary": {"tokenizer": "char", "chars": CHARS}}, path)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("procs,limit", [(0, 0), (2, 0), (0, 3)])
 def test_eval_py_scores_a_checkpoint_alone_and_over_two_ranks(tmp_path, procs, limit):
     data, ckpt, out = str(tmp_path / "h.jsonl"), str(tmp_path / "unigram.pt"), str(tmp_path / "result.json")
     write_jsonl(data, ITEMS)
-    model = unigram_model()
-    torch.save({"model": model.state_dict(), "model_args": {k: getattr(model.config, k) for k in
-                ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")},
-                "vocabulary": {"tokenizer": "char", "chars": CHARS}}, ckpt)
+    save_unigram_checkpoint(ckpt)
     result = run_script("eval.py", f"--init_from={ckpt}", f"--hellaswag={data}", "--device=cpu", f"--out_file={out}",
                         f"--limit={limit}", cwd=str(tmp_path), torchrun_procs=procs)
     assert result.returncode == 0, result.stderr
@@ -210,10 +215,7 @@ def test_eval_py_piped_into_a_reader_that_stops_keeps_its_result_and_ends_quietl
     from conftest import ROOT
     data, ckpt, out = str(tmp_path / "h.jsonl"), str(tmp_path / "unigram.pt"), str(tmp_path / "result.json")
     write_jsonl(data, ITEMS)
-    model = unigram_model()
-    torch.save({"model": model.state_dict(), "model_args": {k: getattr(model.config, k) for k in
-                ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")},
-                "vocabulary": {"tokenizer": "char", "chars": CHARS}}, ckpt)
+    save_unigram_checkpoint(ckpt)
     read_end, write_end = os.pipe()
     os.close(read_end)  # a reader that has gone already
     result = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), f"--init_from={ckpt}", f"--hellaswag={data}",
