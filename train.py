@@ -554,9 +554,10 @@ if __name__ == "__main__":
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
         checkpoint = None  # free the CPU copy
-    work = ("one evaluation" + (f" of iteration {iter_num}" if init_from == "resume" else "") if eval_only else f"{max_iters:,} steps of {tokens_per_iter:,} "
-            f"tokens ({gradient_accumulation_steps * batch_size} sequences) = {max_iters * tokens_per_iter:,} tokens "
-            f"planned; starting at iteration {iter_num}")
+    work = f"{max_iters:,} steps of {tokens_per_iter:,} tokens ({gradient_accumulation_steps * batch_size} " \
+        f"sequences) = {max_iters * tokens_per_iter:,} tokens planned; starting at iteration {iter_num}"
+    if eval_only:
+        work = "one evaluation" + (f" of iteration {iter_num}" if init_from == "resume" else "")
     report.print(f"model: {model.parameters_text()}; {work}; world size {world_size}, {device}, {dtype}, "
                  f"compile {compile}")
 
@@ -616,10 +617,9 @@ if __name__ == "__main__":
         wandb_settings=dict(project=wandb_project, name=wandb_run_name, id=wandb_run_id) if wandb_log else None,
     ), rank, world_size) or wandb_run_id
     if master_process:  # with overwrite=True, the earlier run's checkpoints and results go (start emptied metrics.csv)
-        for name in stale_files:
-            if name != "metrics.csv":
-                os.remove(os.path.join(out_dir, name))
         deleted = [name for name in stale_files if name != "metrics.csv"]
+        for name in deleted:
+            os.remove(os.path.join(out_dir, name))
         done = ([f"deleted the earlier run's {', '.join(deleted)}"] if deleted else []) + \
             (["began metrics.csv anew"] if "metrics.csv" in stale_files else [])
         if done:
