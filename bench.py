@@ -609,8 +609,8 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
             raise UserError(f"stopped by {stopped[0]} while A was built: nothing was timed")
         unbuilt = [label for label in configs if label not in runs and label not in failed]
         if unbuilt:
-            print(f"stopped by {stopped[0]} while the configs were built: {', '.join(unbuilt)} left out, one round of the "
-                  "others", flush=True)
+            print(f"stopped by {stopped[0]} while the configs were built: {', '.join(unbuilt)} left out, one round "
+                  "of the others", flush=True)
     done = 0
     while done < rounds and (not stopped or not done):
         for label in list(runs):

@@ -218,9 +218,9 @@ def test_eval_py_piped_into_a_reader_that_stops_keeps_its_result_and_ends_quietl
     save_unigram_checkpoint(ckpt)
     read_end, write_end = os.pipe()
     os.close(read_end)  # a reader that has gone already
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), f"--init_from={ckpt}", f"--hellaswag={data}",
-                             "--device=cpu", f"--out_file={out}"], stdout=write_end, stderr=subprocess.PIPE, text=True,
-                            cwd=str(tmp_path), timeout=120)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), f"--init_from={ckpt}",
+                             f"--hellaswag={data}", "--device=cpu", f"--out_file={out}"], stdout=write_end,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), timeout=120)
     os.close(write_end)
     assert result.returncode == 1 and result.stderr == "", result.stderr
     with open(out) as f:

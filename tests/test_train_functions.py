@@ -89,7 +89,8 @@ def test_a_run_that_stops_before_half_its_decay_is_named():
         "lr_decay_iters 5000 is past max_iters 60: the run stops with its learning rate 100% of the way from min_lr "
         "up to learning_rate; set lr_decay_iters to max_iters to decay within the run (or leave it, for a run to be "
         "resumed on)")
-    assert schedule_problem(0, 5000, 4000, "wsd").startswith("lr_decay_iters 5000 is past max_iters 4000")  # no cooldown
+    # wsd whose cooldown would start at 4000: none of it in the run
+    assert schedule_problem(0, 5000, 4000, "wsd").startswith("lr_decay_iters 5000 is past max_iters 4000")
     assert schedule_problem(0, 60, 40, "cosine") is None and schedule_problem(0, 5000, 60, "constant") is None
 
 
