@@ -43,8 +43,15 @@ def write_meta(out_dir: str, meta: dict):
     for split in meta["splits"]:
         for stale in glob.glob(os.path.join(out_dir, f"{split}*.bin")):
             name = os.path.basename(stale)
-            if re.fullmatch(rf"{split}(_\d{{3,}})?\.bin", name) and name not in keep:
+            if token_file_split(name) == split and name not in keep:
                 os.remove(stale)
+
+
+def token_file_split(name: str) -> str | None:
+    """The split whose token file a prepare would name `name` ({split}.bin, or {split}_000.bin, ... when sharded);
+    None for another name. train_backup.bin is no train file: its split would be train_backup."""
+    match = re.fullmatch(r"(.+?)(_\d{3,})?\.bin", name)
+    return match.group(1) if match else None
 
 
 def read_meta(data_dir: str) -> dict | None:

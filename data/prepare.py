@@ -28,7 +28,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import re
 import sys
 import time
 from typing import Iterable, Iterator
@@ -38,7 +37,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
 from common import NO_LOCKS, UserError  # noqa: E402
-from dataset import write_meta  # noqa: E402
+from dataset import read_meta, token_file_split, write_meta  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
 EXTENSIONS = (".txt", ".jsonl", ".parquet")
@@ -363,15 +362,14 @@ def held_dataset(out_dir: str) -> str | None:
         names = os.listdir(out_dir)
     except OSError:  # no folder yet (or a file there, which make_out_dir names)
         return None
-    bins = sorted(n for n in names if re.fullmatch(r"(train|val)(_\d{3,})?\.bin", n))
+    bins = sorted(n for n in names if token_file_split(n) in ("train", "val"))
     if "meta.json" in names:
         try:
-            with open(os.path.join(out_dir, "meta.json")) as f:
-                meta = json.load(f)
-            return (f"a dataset ({meta['tokenizer']}, {meta['splits']['train']['tokens']:,} train tokens, vocab_size "
-                    f"{meta['vocab_size']}" + (f", from {meta['source']}" if meta.get("source") else "") + ")")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # torn, or another tool's: replaced too
+            meta = read_meta(out_dir)
+        except (UserError, OSError):  # torn, or another tool's: replaced too
             return "a meta.json that is not a dataset's" + (f", token files {', '.join(bins[:3])}" if bins else "")
+        return (f"a dataset ({meta['tokenizer']}, {sum(meta['splits']['train']['file_tokens']):,} train tokens, "
+                f"vocab_size {meta['vocab_size']}" + (f", from {meta['source']}" if meta.get("source") else "") + ")")
     return f"a dataset (token files {', '.join(bins[:3])}{', ...' if len(bins) > 3 else ''})" if bins else None
 
 
