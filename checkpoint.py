@@ -215,13 +215,18 @@ def kept_name(iter_num: int) -> str:
     return f"ckpt_{iter_num:07d}.pt"
 
 
+def kept_files(folder: str) -> list[str]:
+    """The kept checkpoints in folder, by step; [] when the folder cannot be listed."""
+    try:
+        return sorted((n for n in os.listdir(folder or ".") if kept_step(n) >= 0), key=kept_step)
+    except OSError:
+        return []
+
+
 def kept_hint(folder: str) -> str:
     """Where a run's ckpt.pt is missing (moved away to go back, say): the kept steps in its folder and the
     --resume_from that reads the last; '' when there are none, or the folder cannot be listed."""
-    try:
-        kept = sorted((n for n in os.listdir(folder or ".") if kept_step(n) >= 0), key=kept_step)
-    except OSError:
-        kept = []
+    kept = kept_files(folder)
     if not kept:
         return ""
     return f"; {folder or '.'} keeps {', '.join(kept[-3:])}: --resume_from={kept[-1]} reads the last"
@@ -261,10 +266,10 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
         if not os.path.isdir(folder):
             raise UserError(f"no checkpoint at {ckpt_path}: there is no folder {folder}; check out_dir and checkpoint")
         try:  # the checkpoints that are there: ckpt.pt, best.pt and the like, and the last three kept steps
-            saved = sorted((n for n in os.listdir(folder) if n.endswith(".pt")), key=lambda n: (kept_step(n), n))
+            named = sorted(n for n in os.listdir(folder) if n.endswith(".pt") and kept_step(n) < 0)
         except OSError:
-            saved = []
-        named, kept = [n for n in saved if kept_step(n) < 0], [n for n in saved if kept_step(n) >= 0]
+            named = []
+        kept = kept_files(folder)
         shown = named[:4] + (["..."] if len(named) > 4 else []) + \
             ([("kept steps ending " if len(kept) > 3 else "") + ", ".join(kept[-3:])] if kept else [])
         raise UserError(f"no checkpoint at {ckpt_path}: check out_dir and checkpoint" + (
