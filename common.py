@@ -37,12 +37,19 @@ def excepthook(exc_type, exc, tb):
     elif lost:
         print(f"error: another process of this run stopped ({lost}): its own output says why", file=sys.stderr)
     elif issubclass(exc_type, BrokenPipeError) and stdout_closed():  # its reader went (`| head`): as a shell tool,
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # quietly; the exit's flush goes nowhere
+        stdout_to_devnull()  # quietly
     else:
         traceback.print_exception(exc_type, exc, tb)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
         dist.destroy_process_group()
+
+
+def stdout_to_devnull():
+    """Point stdout at /dev/null, its reader having gone: later prints, and the exit's flush, go nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def stdout_closed() -> bool:
