@@ -642,7 +642,8 @@ if __name__ == "__main__":
     # read once for the device and mode, which pick the defaults: on a CPU, --mode=train's model keys default to
     # CPU_MODEL, so what a file or flag sets stays, even where it equals GPT-2's default (--n_layer=12)
     first = configurator.configure({**config_defaults, "init_from": "scratch"}, sys.argv[1:], __file__,
-                                   ignored=tuple(k for k in TRAINING_ONLY if k != "init_from"), check=False)
+                                   ignored=tuple(k for k in TRAINING_ONLY if k != "init_from"), check=False,
+                                   quiet=True)
     starts = first.pop("init_from")  # a finetune config's model, which bench does not load
     if starts != "scratch":  # out_dir's checkpoint (resume) included
         print(f"note: init_from={starts!r} is not loaded: bench times a model of random weights with the shape of "
@@ -653,8 +654,9 @@ if __name__ == "__main__":
         config = configurator.configure({**config_defaults, **CPU_MODEL} if on_cpu else config_defaults, sys.argv[1:],
                                         __file__, ignored=TRAINING_ONLY)
     except UserError as e:  # a rule may meet a CPU default the user never typed: --n_head=6 with n_embd=128
+        # a key that reads otherwise: not given
         cpu_read = configurator.configure({**config_defaults, **CPU_MODEL}, sys.argv[1:], None,
-                                          ignored=TRAINING_ONLY, check=False)  # a key that reads otherwise: not given
+                                          ignored=TRAINING_ONLY, check=False, quiet=True)
         unset = [k for k in CPU_MODEL if cpu_read[k] != first[k] and re.search(rf"\b{k}=", str(e))]
         raise UserError(f"{e}" + (f" ({', '.join(f'{k}={CPU_MODEL[k]}' for k in unset)}: bench's CPU default, as it "
                                   "was not given: give it too)" if on_cpu and unset else "")) from None

@@ -166,14 +166,15 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
 
 
 def configure(config: dict, argv: list[str], script: str | None = None, ignored=(), check: bool = True,
-              given: set | None = None) -> dict:
+              given: set | None = None, quiet: bool = False) -> dict:
     """Return a copy of config with the config files and --key=value flags in argv applied in order, then
     check the rules of `script`'s settings (unless not `check`: a first reading whose result picks the
-    defaults of the real one). Keys in `ignored` (another script's settings that this one has no use for) are
-    accepted and dropped. With --help (or -h) in argv, print the settings of `script` (see describe) and exit.
+    defaults of the real one, or a script that checks them itself once it knows every setting's value). Keys in
+    `ignored` (another script's settings that this one has no use for) are accepted and dropped. With --help (or
+    -h) in argv, print the settings of `script` (see describe) and exit.
     given: a set to add the settings that argv sets explicitly to, a value equal to the default included (a
     choice, e.g. --pos_emb=learned against a checkpoint trained with rope): its flags, and what its config files
-    assign as they run."""
+    assign as they run. quiet: no warnings (a first reading, where the real one gives them)."""
     if script is not None and ("--help" in argv or "-h" in argv):
         print(describe(script, config))
         sys.exit(0)
@@ -198,7 +199,7 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
         if given is not None:
             given.add(key)
     # in order, as nanoGPT reads them, but a flag typed and then lost is a slip; said once (rank 0, under torchrun)
-    if lost and check and os.environ.get("RANK", "0") == "0":
+    if lost and not quiet and os.environ.get("RANK", "0") == "0":
         print("warning: " + "; ".join(f"config file {path} sets {k} over {flag} before it" for k, (flag, path)
                                       in lost.items()) + ": put flags after the config file for them to win",
               file=sys.stderr)
