@@ -15,6 +15,7 @@ import datetime
 import itertools
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -56,7 +57,7 @@ eval_only = False  # evaluate a trained model once (resume or gpt2*), write out_
 always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves (the last eval always writes it)
 keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
 max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (counted at log lines) [max_nonfinite_steps > 0]
-init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers (GPT-2 or LLaMA), or a checkpoint file (ours or nanoGPT's ckpt.pt) to start a new run from
+init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt, taking the run's own value of each setting not given), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers (GPT-2 or LLaMA), or a checkpoint file (ours or nanoGPT's ckpt.pt) to start a new run from
 resume_from = "ckpt.pt"  # the checkpoint in out_dir that init_from='resume' continues: a kept ckpt_<iter>.pt goes back to that step (the run's later checkpoints must be moved out first; best.pt stays unless beaten)
 overwrite = False  # let init_from='scratch' replace the run in an out_dir that already holds a checkpoint
 seed = 1337  # seeds init, dropout and the batch sampler [0 <= seed < 2**63]
@@ -148,7 +149,8 @@ def check_writable(out_dir: str):
         raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another out_dir") from None
 
 
-# settings a resume does not compare with the run's: how this command runs, and the shape, which the checkpoint fixes
+# settings a resume neither takes from the run nor compares with its: how this command runs, and the shape (the
+# checkpoint's model_args fix that)
 RESUME_SAME = ("init_from", "resume_from", "overwrite", "eval_only", "dry_run", "out_dir", *SHAPE_KEYS, *ARCH_KEYS)
 RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv", "eval.json", "plot.png")  # a run's results
 
@@ -292,7 +294,11 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
 if __name__ == "__main__":
     sys.excepthook = excepthook
     given = set()  # the settings the user set, if to their default (see check_same_shape)
-    config = configurator.configure(config_defaults, sys.argv[1:], __file__, given=given)  # types, each setting's rule
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__, check=False, given=given)  # types
+    setting_rules = configurator.rules(__file__, config_defaults)
+    # a resume's other settings are the run's own unless given (below): their rules are checked once they are known
+    configurator.check_rules(config, {k: rule for k, rule in setting_rules.items()
+                                      if config["init_from"] != "resume" or k in RESUME_SAME})
     check_init_from(config["init_from"], ("scratch", "resume"))
     if config["resume_from"] != "ckpt.pt" and (config["init_from"] != "resume" or os.path.basename(
             config["resume_from"]) != config["resume_from"]):
@@ -320,6 +326,21 @@ if __name__ == "__main__":
             ckpt_path = checkpoint_file(config["out_dir"], config["resume_from"])
             checkpoint = load_checkpoint(ckpt_path)  # every process reads it, where it sees out_dir
             check_same_shape(checkpoint["model_args"], config, config_defaults, given=given)
+            # the run goes on as it was configured: a setting this command does not give is the run's own
+            runs_own = {k: v for k, v in checkpoint["config"].items()  # those that differ from the command's
+                        if k in config and k not in given and k not in RESUME_SAME and v != config[k]}
+            config.update(runs_own)
+            try:
+                configurator.check_rules(config, setting_rules)
+            except UserError as e:  # the run's value of a setting the user never typed: name it
+                named = [k for k in runs_own if re.search(rf"\b{k}=", str(e))]
+                if not named:
+                    raise
+                raise UserError(f"{e}; {', '.join(named)} {'is' if len(named) == 1 else 'are'} the run's own (a resume "
+                                f"keeps each setting not given): give {' '.join(f'--{k}=...' for k in named)} "
+                                "too") from None
+            if master_process:  # the run's wandb_log, if it had it
+                check_wandb(config["wandb_log"] and not (config["eval_only"] or config["dry_run"]))
             if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"] and not config["eval_only"]:
                 raise UserError(f"checkpoint {ckpt_path} was trained with optimizer="
                                 f"{checkpoint['config'].get('optimizer', 'adamw')}, not {config['optimizer']}: resume "
@@ -399,14 +420,7 @@ if __name__ == "__main__":
     # ---- data (a run from a model's weights without a block_size of its own takes the model's context, which
     # may be shorter: its splits are checked against it once the model is loaded, below)
     context_known = init_from in ("scratch", "resume") or block_size != config_defaults["block_size"]
-    try:
-        data = load_dataset(dataset, block_size if context_known else None)
-    except UserError as e:  # a resume that left --dataset out gets the default: name the run's own
-        trained_on = checkpoint["config"].get("dataset") if checkpoint is not None else None
-        if "dataset" in given or trained_on in (None, dataset):
-            raise
-        raise UserError(f"{e}; the checkpoint's run trained on dataset {trained_on}: give --dataset={trained_on}, "
-                        "with the run's other settings (its config file)") from None
+    data = load_dataset(dataset, block_size if context_known else None)
     report.print(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
                  f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
                  f"vocab_size {data['vocab_size'] or 'unknown'}" + ("; more than half this machine's RAM, so its windows "
@@ -502,7 +516,7 @@ if __name__ == "__main__":
         report.print(f"batch_size auto: {batch_size} sequences per micro-step")
     # here, once the model's shape (from init_from) and batch_size='auto' are settled: the config trained
     report.print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
-    if checkpoint is not None:  # a resume takes this command's settings: say which differ from the run's own
+    if checkpoint is not None:  # a resume takes the settings this command gives: say which differ from the run's
         changed = [f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in config.items()
                    if k not in RESUME_SAME and checkpoint["config"].get(k, v) != v]
         if changed:

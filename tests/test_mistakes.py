@@ -277,9 +277,10 @@ CASES = [
              os.path.join(run, "ckpt.pt"), os.path.join(tmp, "moved", "ckpt_0000004.pt")))),
     Case("out_dir where nothing can be made", "train.py", ["--dataset={data}", "--out_dir=/proc/run", *TINY],
          r"out_dir /proc/run is not writable \(.*\): choose another out_dir$"),  # even for root
-    Case("resume without its dataset", "train.py", ["--out_dir={run}", *TINY, "--init_from=resume", "--max_iters=8"],
-         r"dataset 'openwebtext' .*; the checkpoint's run trained on dataset .*data: give --dataset=.*data, with the "
-         r"run's other settings \(its config file\)$"),
+    Case("resume whose flag breaks a rule with the run's own", "train.py", ["--out_dir={run}", "--init_from=resume",
+                                                                             "--max_iters=8", "--learning_rate=1e-5"],
+         r"min_lr=0.0001 is not valid: .* \(with learning_rate=1e-05, decay_lr=True\); min_lr is the run's own \(a "
+         r"resume keeps each setting not given\): give --min_lr=... too$"),
     Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],
          r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters.*: resume on the "
          r"run's own dataset, or start a new run$", setup=other_vocabulary),

@@ -52,9 +52,11 @@ def test_resume_continues_with_the_same_losses_as_an_unbroken_run(char_data, tmp
     assert run_script("train.py", *tiny_args(char_data, straight, **settings), cwd=str(tmp_path)).returncode == 0
     first = run_script("train.py", *tiny_args(char_data, broken, max_iters=20, **settings), cwd=str(tmp_path))
     assert first.returncode == 0, first.stderr
-    resumed = run_script("train.py", *tiny_args(char_data, broken, init_from="resume", **settings), cwd=str(tmp_path))
+    # given its folder and its new length only: every other setting (dataset, device, schedule, optimizer) is the run's
+    resumed = run_script("train.py", f"--out_dir={broken}", "--init_from=resume", "--max_iters=40", cwd=str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr
     assert "starting at iteration 20" in resumed.stdout
+    assert "resumed with settings other than the run's: max_iters=40 (was 20)\n" in resumed.stdout
     expected, got = step_losses(read_metrics(straight)), step_losses(read_metrics(broken))
     assert sorted(got) == list(range(1, 41))
     assert [got[i] for i in range(21, 41)] == [expected[i] for i in range(21, 41)]
