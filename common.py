@@ -37,7 +37,7 @@ def excepthook(exc_type, exc, tb):
     elif lost:
         print(f"error: another process of this run stopped ({lost}): its own output says why", file=sys.stderr)
     elif issubclass(exc_type, BrokenPipeError) and stdout_closed():  # its reader went (`| head`): as a shell tool,
-        stdout_to_devnull()  # quietly
+        to_devnull(sys.stdout)  # quietly
     else:
         traceback.print_exception(exc_type, exc, tb)
     dist = sys.modules.get("torch.distributed")
@@ -45,11 +45,40 @@ def excepthook(exc_type, exc, tb):
         dist.destroy_process_group()
 
 
-def stdout_to_devnull():
-    """Point stdout at /dev/null, its reader having gone: later prints, and the exit's flush, go nowhere."""
+def to_devnull(stream):
+    """Point stdout or stderr at /dev/null, its reader having gone: later writes, and the exit's flush, go nowhere."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, stream.fileno())
     os.close(devnull)
+
+
+class Outliving:
+    """A stand-in for sys.stdout or sys.stderr in a process that must outlive the pipe's reader: a training run
+    under `| tee log` that the same Ctrl-C ends, or under `| head`. A write that finds the reader gone points the
+    stream at /dev/null and calls gone() (once) instead of raising BrokenPipeError, which would end the process
+    mid-step, or from within a signal handler's message."""
+
+    def __init__(self, stream, gone):
+        self.stream, self.gone = stream, gone
+
+    def write(self, text: str):
+        return self._guarded(self.stream.write, text)
+
+    def flush(self):
+        return self._guarded(self.stream.flush)
+
+    def _guarded(self, op, *args):
+        try:
+            return op(*args)
+        except BrokenPipeError:
+            to_devnull(self.stream)
+            gone, self.gone = self.gone, None  # cleared first: gone() may write to this stream itself
+            if gone is not None:
+                gone()
+            return op(*args)  # what was buffered, now to /dev/null
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's own
+        return getattr(self.stream, name)
 
 
 def stdout_closed() -> bool:

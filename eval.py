@@ -16,7 +16,7 @@ import time
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import (UserError, autocast_context, check_device, excepthook, launcher_ranks, leave_distributed,
-                    read_json, resolve_dtype, setup_distributed, stdout_to_devnull, write_json)
+                    read_json, resolve_dtype, setup_distributed, to_devnull, write_json)
 from hellaswag import check_encodable, find_data, read_examples, score
 from tokenizer import codec
 
@@ -74,7 +74,7 @@ if __name__ == "__main__":
                 print(f"hellaswag {done:,}/{total:,} items, {time.time() - t0:.0f}s: acc_norm so far {acc_norm:.4f} "
                       "(rank 0's share)", flush=True)
             except BrokenPipeError:  # stdout's reader went (`| head -1`): the scoring goes on, for out_file
-                stdout_to_devnull()
+                to_devnull(sys.stdout)
 
     result = score(model, examples, encode, device, autocast_context(device_type, dtype), rank, world_size, progress)
     result = {"model": source, **result, "dtype": dtype}

@@ -32,9 +32,9 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, bett
                         checkpoint_file, gather_rng_states, load_checkpoint, load_model_state, load_pretrained,
                         own_kept_step, publish_checkpoint, repair_published, restore_training_state,
                         save_checkpoint, take_optimizer_state, training_state)
-from common import (FolderLock, UserError, autocast_context, check_compile_mode, check_device, compile_problem,
-                    cpu_contention, excepthook, launcher_ranks, leave_distributed, local_processes, on_rank0,
-                    peak_flops, raise_held, resolve_dtype, setup_distributed)
+from common import (FolderLock, Outliving, UserError, autocast_context, check_compile_mode, check_device,
+                    compile_problem, cpu_contention, excepthook, launcher_ranks, leave_distributed, local_processes,
+                    on_rank0, peak_flops, raise_held, resolve_dtype, setup_distributed)
 from dataset import (Prefetcher, check_block_size, data_change, eval_key, get_batch, load_dataset, model_vocab_size,
                      read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8
@@ -188,21 +188,31 @@ class StopFlag:
     finish its step, checkpoint and exit 0; a second signal exits at once, except a SIGTERM within
     REPEAT_GRACE_S of the first: a scheduler such as Slurm signals every process of the job and torchrun
     forwards its own copy, so each worker gets two at once. A single process looks at the flag after every
-    step; under DDP the ranks agree on it every STOP_CHECK_STEPS steps (and at log lines)."""
+    step; under DDP the ranks agree on it every STOP_CHECK_STEPS steps (and at log lines).
+    The loss of stdout's or stderr's reader (`| tee log` and a Ctrl-C that ends both, or `| head`) sets it too, as
+    the SIGPIPE that Python ignores would: the run goes on writing to /dev/null until it has checkpointed."""
 
     def __init__(self):
         self.requested, self.first = False, 0.0
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
+        sys.stdout, sys.stderr = Outliving(sys.stdout, self._reader_gone), Outliving(sys.stderr, self._reader_gone)
 
     def _handle(self, signum, frame):
         if self.requested:
             if signum == signal.SIGINT or time.monotonic() - self.first > REPEAT_GRACE_S:
                 os._exit(128 + signum)
             return
+        self._request(signal.Signals(signum).name, " (send it again to exit at once)")
+
+    def _reader_gone(self):
+        if not self.requested:
+            self._request("SIGPIPE (the output's reader is gone)", "")
+
+    def _request(self, cause: str, again: str):
         self.requested, self.first = True, time.monotonic()
-        print(f"{signal.Signals(signum).name}: checkpointing after this step (under DDP, within {STOP_CHECK_STEPS} "
-              "steps), then exiting (send it again to exit at once)", file=sys.stderr, flush=True)
+        print(f"{cause}: checkpointing after this step (under DDP, within {STOP_CHECK_STEPS} steps), then exiting"
+              f"{again}", file=sys.stderr, flush=True)
 
 
 REPEAT_GRACE_S = 5  # a SIGTERM this soon after the first is the same one, forwarded

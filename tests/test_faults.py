@@ -174,6 +174,30 @@ def test_a_second_ctrl_c_exits_at_once_and_a_repeated_sigterm_still_saves(char_d
         assert all(int(f[5:-3]) % 4 == 0 for f in os.listdir(out) if f.startswith("ckpt_"))
 
 
+@pytest.mark.parametrize("both", [False, True], ids=["stdout-closed", "tee-and-ctrl-c"])
+def test_a_run_whose_output_reader_goes_checkpoints_and_exits_0(char_data, tmp_path, both):
+    """`train.py | head`: stdout's reader goes. `train.py 2>&1 | tee log` and Ctrl-C: the signal ends tee too, so
+    the handler's own message meets a closed pipe. Either way the run saves the step it is on, as for a SIGTERM."""
+    out = str(tmp_path / "out")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args_for(
+        char_data, out, max_iters=100_000, eval_interval=4)], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if both else subprocess.PIPE, text=True)
+    for line in proc.stdout:  # past the checkpoint at iter 4
+        if re.match(r"iter ([6-9]|\d\d+)/", line):
+            break
+    proc.stdout.close()
+    if both:
+        proc.send_signal(signal.SIGINT)
+    stderr = "" if both else proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, stderr
+    assert both or "SIGPIPE (the output's reader is gone): checkpointing after this step" in stderr
+    saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert saved["iter_num"] == max(losses(out)) > 6  # the stop's own save, of the last step trained
+    with open(os.path.join(out, "summary.json")) as f:
+        assert json.load(f)["stopped_by_signal"]
+
+
 def test_kill_9_at_random_moments_never_loses_the_run(char_data, tmp_path):
     """Kills land anywhere, some during a checkpoint write: a 3M-parameter model checkpointed every 2 steps
     spends much of its time saving. KILL_SOAK_KILLS sets how many kills."""
