@@ -645,6 +645,11 @@ if __name__ == "__main__":
                                    ignored=tuple(k for k in TRAINING_ONLY if k != "init_from"), check=False,
                                    quiet=True)
     starts = first.pop("init_from")  # a finetune config's model, which bench does not load
+    typed = list(dict.fromkeys(a.partition("=")[0] for a in sys.argv[1:] if a.startswith("--") and a[2:].partition(
+        "=")[0] in TRAINING_ONLY and a[2:].partition("=")[0] != "init_from"))  # a config file's are its own business
+    if typed:
+        print(f"note: {', '.join(typed)} {'is a setting' if len(typed) == 1 else 'are settings'} of train.py alone: "
+              "bench.py times the same step whatever the value")
     if starts != "scratch":  # out_dir's checkpoint (resume) included
         print(f"note: init_from={starts!r} is not loaded: bench times a model of random weights with the shape of "
               "its model keys (set n_layer, n_head, n_embd, vocab_size, bias, ... to that model's)")

@@ -235,6 +235,11 @@ def test_bench_says_that_a_finetune_config_s_model_is_not_loaded(tmp_path):
                         "--num_steps=1", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("note: init_from='gpt2-xl' is not loaded: bench times a model of random weights")
+    assert "of train.py alone" not in result.stdout  # the config file's max_iters, out_dir, ...: its own business
+    typed = run_script("bench.py", "--max_iters=9", "--device=cpu", "--compile=False", "--n_layer=1", "--max_iters=8",
+                       "--warmup_steps=0", "--num_steps=1", cwd=str(tmp_path))
+    assert typed.stdout.startswith("note: --max_iters is a setting of train.py alone: bench.py times the same step "
+                                   "whatever the value\n"), typed.stderr
     resumed = run_script("bench.py", "--init_from=resume", "--device=cpu", "--compile=False", "--n_layer=1",
                          "--warmup_steps=0", "--num_steps=1", cwd=str(tmp_path))  # out_dir's run: not loaded either
     assert resumed.stdout.startswith("note: init_from='resume' is not loaded"), resumed.stderr
