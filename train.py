@@ -151,8 +151,24 @@ def check_writable(out_dir: str):
 
 # settings a resume neither takes from the run nor compares with its: how this command runs, and the shape (the
 # checkpoint's model_args fix that)
-RESUME_SAME = ("init_from", "resume_from", "overwrite", "eval_only", "dry_run", "out_dir", *SHAPE_KEYS, *ARCH_KEYS)
+COMMAND_KEYS = ("init_from", "resume_from", "overwrite", "eval_only", "dry_run", "out_dir")
+RESUME_SAME = (*COMMAND_KEYS, *SHAPE_KEYS, *ARCH_KEYS)
 RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv", "eval.json", "plot.png")  # a run's results
+
+
+def naming_runs_own(runs_own: dict):
+    """sys.excepthook for a resume: a UserError that names a setting the run's checkpoint gave, or its value (a
+    device, a dataset's path), which the user never typed, says so and how to give another."""
+    def hook(exc_type, exc, tb):
+        text = str(exc)
+        named = [k for k, v in runs_own.items() if re.search(rf"\b{k}=", text) or (
+            isinstance(v, str) and v and re.search(rf"(?<![\w/.-]){re.escape(v)}(?![\w/.-])", text))]
+        if issubclass(exc_type, UserError) and named:
+            exc = UserError(f"{text}; {', '.join(named)} {'is' if len(named) == 1 else 'are'} the run's own (a "
+                            f"resume keeps each setting it is not given): give {' '.join(f'--{k}=...' for k in named)} "
+                            "for another")
+        excepthook(exc_type, exc, tb)
+    return hook
 
 
 def check_new_run(out_dir: str, overwrite: bool, init_from: str) -> list[str]:
@@ -308,7 +324,7 @@ if __name__ == "__main__":
     setting_rules = configurator.rules(__file__, config_defaults)
     # a resume's other settings are the run's own unless given (below): their rules are checked once they are known
     configurator.check_rules(config, {k: rule for k, rule in setting_rules.items()
-                                      if config["init_from"] != "resume" or k in RESUME_SAME})
+                                      if config["init_from"] != "resume" or k in COMMAND_KEYS})
     check_init_from(config["init_from"], ("scratch", "resume"))
     if config["resume_from"] != "ckpt.pt" and (config["init_from"] != "resume" or os.path.basename(
             config["resume_from"]) != config["resume_from"]):
@@ -322,7 +338,7 @@ if __name__ == "__main__":
     node_processes = local_processes(os.environ)  # on a CPU they share the host's memory (see the memory plan)
     master_process = ranks is None or ranks[0] == 0  # only rank 0 writes files and prints
     # errors met in out_dir before the processes join: under torchrun held till they have (see raise_held)
-    held, checkpoint = None, None
+    held, checkpoint, runs_own = None, None, {}
     try:
         if master_process:  # only rank 0 logs, and dry runs and evaluations start no wandb run
             check_wandb(config["wandb_log"] and not (config["eval_only"] or config["dry_run"]))
@@ -340,15 +356,8 @@ if __name__ == "__main__":
             runs_own = {k: v for k, v in checkpoint["config"].items()  # those that differ from the command's
                         if k in config and k not in given and k not in RESUME_SAME and v != config[k]}
             config.update(runs_own)
-            try:
-                configurator.check_rules(config, setting_rules)
-            except UserError as e:  # the run's value of a setting the user never typed: name it
-                named = [k for k in runs_own if re.search(rf"\b{k}=", str(e))]
-                if not named:
-                    raise
-                raise UserError(f"{e}; {', '.join(named)} {'is' if len(named) == 1 else 'are'} the run's own (a resume "
-                                f"keeps each setting not given): give {' '.join(f'--{k}=...' for k in named)} "
-                                "too") from None
+            config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
+            sys.excepthook = naming_runs_own(runs_own)
             if master_process:  # the run's wandb_log, if it had it
                 check_wandb(config["wandb_log"] and not (config["eval_only"] or config["dry_run"]))
             if checkpoint["config"].get("optimizer", "adamw") != config["optimizer"] and not config["eval_only"]:
@@ -360,8 +369,9 @@ if __name__ == "__main__":
         if ranks is None:
             raise
         held, checkpoint = str(e), None
+    if config["init_from"] == "resume":  # on every process alike: each reads the same checkpoint
+        configurator.check_rules(config, setting_rules)  # (where it could not, with this command's settings)
     if checkpoint is not None:
-        config.update({k: v for k, v in architecture(checkpoint["model_args"]).items() if k in config})
         if config["batch_size"] == "auto":  # the batch it was planned with, wherever it resumes: the same batches
             config["batch_size"] = checkpoint["config"]["batch_size"]
     globals().update(config)
@@ -526,6 +536,9 @@ if __name__ == "__main__":
         report.print(f"batch_size auto: {batch_size} sequences per micro-step")
     # here, once the model's shape (from init_from) and batch_size='auto' are settled: the config trained
     report.print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
+    if runs_own:
+        report.print("the run's own settings, which this command does not give: "
+                     + ", ".join(f"{k}={v!r}" for k, v in runs_own.items()))
     if checkpoint is not None:  # a resume takes the settings this command gives: say which differ from the run's
         changed = [f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in config.items()
                    if k not in RESUME_SAME and checkpoint["config"].get(k, v) != v]

@@ -280,7 +280,7 @@ CASES = [
     Case("resume whose flag breaks a rule with the run's own", "train.py", ["--out_dir={run}", "--init_from=resume",
                                                                              "--max_iters=8", "--learning_rate=1e-5"],
          r"min_lr=0.0001 is not valid: .* \(with learning_rate=1e-05, decay_lr=True\); min_lr is the run's own \(a "
-         r"resume keeps each setting not given\): give --min_lr=... too$"),
+         r"resume keeps each setting it is not given\): give --min_lr=... for another$"),
     Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],
          r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters.*: resume on the "
          r"run's own dataset, or start a new run$", setup=other_vocabulary),

@@ -57,6 +57,8 @@ def test_resume_continues_with_the_same_losses_as_an_unbroken_run(char_data, tmp
     assert resumed.returncode == 0, resumed.stderr
     assert "starting at iteration 20" in resumed.stdout
     assert "resumed with settings other than the run's: max_iters=40 (was 20)\n" in resumed.stdout
+    assert f"the run's own settings, which this command does not give: eval_interval=20, eval_iters=4, dataset=" \
+           f"{char_data!r}" in resumed.stdout
     expected, got = step_losses(read_metrics(straight)), step_losses(read_metrics(broken))
     assert sorted(got) == list(range(1, 41))
     assert [got[i] for i in range(21, 41)] == [expected[i] for i in range(21, 41)]
@@ -98,6 +100,18 @@ def test_a_llama_style_run_resumes_exactly_and_its_checkpoint_rebuilds_the_model
     clash = run_script("train.py", *tiny_args(char_data, broken, init_from="resume", max_iters=60, mlp="relu2"),
                        cwd=str(tmp_path))
     assert "another model shape: mlp='relu2' (checkpoint: 'swiglu')" in clash.stderr
+
+
+def test_a_resume_under_torchrun_whose_settings_break_a_rule_stops_every_rank_with_its_line(char_data, tmp_path):
+    out = str(tmp_path / "out")  # a gloo run on the CPU: nccl meets the run's device, which the command never gave
+    assert run_script("train.py", *tiny_args(char_data, out, max_iters=2), cwd=str(tmp_path)).returncode == 0
+    result = run_script("train.py", f"--out_dir={out}", "--init_from=resume", "--backend=nccl", cwd=str(tmp_path),
+                        torchrun_procs=2)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    line = ("error: backend='nccl' is not valid: backend must satisfy backend in ('auto', 'gloo') or (backend == 'nccl' "
+            "and device.startswith('cuda')) (with device='cpu'); device is the run's own (a resume keeps each setting "
+            "it is not given): give --device=... for another\n")
+    assert result.stderr.count(line) == 2, result.stderr
 
 
 def test_a_quiet_resume_still_names_the_settings_it_changed(char_data, tmp_path):
