@@ -21,11 +21,12 @@ VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellas
 DEFAULT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hellaswag", "hellaswag_val.jsonl")
 
 
-def find_data(path: str) -> str:
-    """The jsonl to score: path when given, else data/hellaswag/'s copy, downloaded there first if need be."""
+def find_data(path: str, setting: str = "hellaswag") -> str:
+    """The jsonl to score: path when given, else data/hellaswag/'s copy, downloaded there first if need be;
+    setting: the script's setting that gives path, for the errors."""
     if path:
         if not os.path.isfile(path):
-            raise UserError(f"HellaSwag file {path} not found: give the path of hellaswag_val.jsonl")
+            raise UserError(f"HellaSwag file {path} not found: give --{setting}=PATH of hellaswag_val.jsonl")
         return path
     if not os.path.isfile(DEFAULT_PATH):
         try:
@@ -37,7 +38,7 @@ def find_data(path: str) -> str:
         except OSError as e:  # offline, refused, or the folder cannot be written
             raise UserError(f"HellaSwag's validation set is not at {DEFAULT_PATH} and cannot be downloaded "
                             f"({e.__class__.__name__}): download {VAL_URL} to that path, or pass "
-                            "--hellaswag=PATH") from e
+                            f"--{setting}=PATH") from e
     return DEFAULT_PATH
 
 

@@ -510,7 +510,7 @@ if __name__ == "__main__":
                  rank, world_size)
     hellaswag = None  # (items, encode) when HellaSwag is scored during training
     if hellaswag_interval:
-        hellaswag = (read_examples(find_data(hellaswag_file))[:hellaswag_items or None], codec[0])
+        hellaswag = (read_examples(find_data(hellaswag_file, "hellaswag_file"))[:hellaswag_items or None], codec[0])
         check_encodable(*hellaswag)
     # before the plan, as a compiled loss holds less; a dry run skips the test compile (seconds) and plans as compiled
     problem = compile_problem(device) if compile and not dry_run else None

@@ -161,7 +161,8 @@ def test_a_missing_hellaswag_file_is_one_error(tmp_path):
     result = run_script("eval.py", "--init_from=gpt2", f"--hellaswag={tmp_path}/nope.jsonl", "--device=cpu",
                         cwd=str(tmp_path))
     assert result.returncode != 0
-    assert result.stderr.strip() == f"error: HellaSwag file {tmp_path}/nope.jsonl not found: give the path of hellaswag_val.jsonl"
+    assert result.stderr.strip() == (f"error: HellaSwag file {tmp_path}/nope.jsonl not found: give --hellaswag=PATH of "
+                                     "hellaswag_val.jsonl")
 
 
 SHAKESPEARE_ITEMS = [  # characters that tiny Shakespeare has, so a character model can score them

@@ -281,6 +281,9 @@ CASES = [
                                                                              "--max_iters=8", "--learning_rate=1e-5"],
          r"min_lr=0.0001 is not valid: .* \(with learning_rate=1e-05, decay_lr=True\); min_lr is the run's own \(a "
          r"resume keeps each setting it is not given\): give --min_lr=... for another$"),
+    Case("hellaswag_file not there", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--hellaswag_interval=1",
+                                                  "--hellaswag_file={tmp}/nope.jsonl"],
+         r"HellaSwag file .*nope.jsonl not found: give --hellaswag_file=PATH of hellaswag_val.jsonl$"),
     Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],
          r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters.*: resume on the "
          r"run's own dataset, or start a new run$", setup=other_vocabulary),
