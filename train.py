@@ -209,24 +209,29 @@ class StopFlag:
     the SIGPIPE that Python ignores would: the run goes on writing to /dev/null until it has checkpointed."""
 
     def __init__(self):
-        self.requested, self.first = False, 0.0
+        self.requested, self.signalled, self.first = False, False, 0.0
+        self.training = True  # False once the loop is over: a reader lost then stops nothing
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
-        sys.stdout, sys.stderr = Outliving(sys.stdout, self._reader_gone), Outliving(sys.stderr, self._reader_gone)
+        # a stream closed at the start (>&-) is None, and stays so
+        sys.stdout, sys.stderr = (stream and Outliving(stream, self._reader_gone)
+                                  for stream in (sys.stdout, sys.stderr))
 
     def _handle(self, signum, frame):
-        if self.requested:
+        if self.signalled:  # a lost reader arms nothing: the Ctrl-C that follows it is the first
             if signum == signal.SIGINT or time.monotonic() - self.first > REPEAT_GRACE_S:
                 os._exit(128 + signum)
             return
-        self._request(signal.Signals(signum).name, " (send it again to exit at once)")
+        self.requested, self.signalled, self.first = True, True, time.monotonic()
+        self._say(signal.Signals(signum).name, " (send it again to exit at once)")
 
     def _reader_gone(self):
-        if not self.requested:
-            self._request("SIGPIPE (the output's reader is gone)", "")
+        if self.training and not self.requested:
+            self.requested = True
+            self._say("SIGPIPE (the output's reader is gone)", "")
 
-    def _request(self, cause: str, again: str):
-        self.requested, self.first = True, time.monotonic()
+    @staticmethod
+    def _say(cause: str, again: str):
         print(f"{cause}: checkpointing after this step (under DDP, within {STOP_CHECK_STEPS} steps), then exiting"
               f"{again}", file=sys.stderr, flush=True)
 
@@ -787,6 +792,7 @@ if __name__ == "__main__":
                 break
 
     train_batches.close()
+    stop.training = False
 
     # ---- summary
     steps_done = iter_num - start_iter - 1 if first_step_s is not None else 0  # the timed steps

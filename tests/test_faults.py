@@ -186,9 +186,9 @@ def test_a_run_whose_output_reader_goes_checkpoints_and_exits_0(char_data, tmp_p
     for line in proc.stdout:  # past the checkpoint at iter 4
         if re.match(r"iter ([6-9]|\d\d+)/", line):
             break
-    proc.stdout.close()
-    if both:
+    if both:  # the signal first: one that came after a stop had begun could find the run already past its loop
         proc.send_signal(signal.SIGINT)
+    proc.stdout.close()
     stderr = "" if both else proc.stderr.read()
     assert proc.wait(timeout=60) == 0, stderr
     assert both or "SIGPIPE (the output's reader is gone): checkpointing after this step" in stderr
@@ -196,6 +196,14 @@ def test_a_run_whose_output_reader_goes_checkpoints_and_exits_0(char_data, tmp_p
     assert saved["iter_num"] == max(losses(out)) > 6  # the stop's own save, of the last step trained
     with open(os.path.join(out, "summary.json")) as f:
         assert json.load(f)["stopped_by_signal"]
+
+
+def test_a_run_started_with_stdout_and_stderr_closed_trains_and_saves(char_data, tmp_path):
+    out = str(tmp_path / "out")  # Python's sys.stdout and sys.stderr are None then
+    result = subprocess.run(["bash", "-c", '"$@" >&- 2>&-', "_", sys.executable, os.path.join(ROOT, "train.py"),
+                             *args_for(char_data, out, max_iters=4)], cwd=str(tmp_path), timeout=120)
+    assert result.returncode == 0
+    assert torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)["iter_num"] == 4
 
 
 def test_kill_9_at_random_moments_never_loses_the_run(char_data, tmp_path):
