@@ -58,9 +58,9 @@ if __name__ == "__main__":
     check_out_file(out_file)
     ckpt_path = checkpoint_file(out_dir, checkpoint)
     # the files named are checked before anything is downloaded (GPT-2's weights, then HellaSwag's items)
-    data_path = find_data(hellaswag) if hellaswag else None
+    data_path = find_data(hellaswag, "hellaswag") if hellaswag else None
     model, vocab = load_trained(init_from, ckpt_path)
-    examples = read_examples(data_path or find_data(hellaswag))[:limit or None]
+    examples = read_examples(data_path or find_data(hellaswag, "hellaswag"))[:limit or None]
     rank, _, world_size, device = setup_distributed(launcher_ranks(os.environ), device, backend)
     model.to(device)
     encode, _ = codec(vocab, model.config.vocab_size)

@@ -21,7 +21,7 @@ VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellas
 DEFAULT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hellaswag", "hellaswag_val.jsonl")
 
 
-def find_data(path: str, setting: str = "hellaswag") -> str:
+def find_data(path: str, setting: str) -> str:
     """The jsonl to score: path when given, else data/hellaswag/'s copy, downloaded there first if need be;
     setting: the script's setting that gives path, for the errors."""
     if path:
