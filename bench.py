@@ -645,8 +645,8 @@ if __name__ == "__main__":
                                    ignored=tuple(k for k in TRAINING_ONLY if k != "init_from"), check=False,
                                    quiet=True)
     starts = first.pop("init_from")  # a finetune config's model, which bench does not load
-    typed = list(dict.fromkeys(a.partition("=")[0] for a in sys.argv[1:] if a.startswith("--") and a[2:].partition(
-        "=")[0] in TRAINING_ONLY and a[2:].partition("=")[0] != "init_from"))  # a config file's are its own business
+    flags = [a[2:].partition("=")[0] for a in sys.argv[1:] if a.startswith("--")]  # a config file's: its business
+    typed = [f"--{k}" for k in dict.fromkeys(flags) if k in TRAINING_ONLY and k != "init_from"]
     if typed:
         print(f"note: {', '.join(typed)} {'is a setting' if len(typed) == 1 else 'are settings'} of train.py alone: "
               "bench.py times the same step whatever the value")

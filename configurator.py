@@ -13,8 +13,9 @@ in brackets that may name other settings, e.g.
 
     min_lr = 6e-5  # floor of the schedule [0 <= min_lr <= learning_rate]
 
-configure() checks every such rule, in the order of the script, before the script touches a file, and
---help shows them with the comments. A number setting whose rule names 'auto', such as
+configure() checks every such rule, in the order of the script, before the script touches a file (train.py
+checks a resume's once the run's own settings are read from its checkpoint), and --help shows them with the
+comments. A number setting whose rule names 'auto', such as
 `batch_size = 12  # ... [batch_size == 'auto' or batch_size > 0]`, also takes the string 'auto'.
 """
 import ast

@@ -156,14 +156,17 @@ RESUME_SAME = (*COMMAND_KEYS, *SHAPE_KEYS, *ARCH_KEYS)
 RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv", "eval.json", "plot.png")  # a run's results
 
 
+VALUES_NAMED = ("device", "dataset", "hellaswag_file")  # settings whose errors name their value, not their key
+
+
 def naming_runs_own(runs_own: dict):
-    """sys.excepthook for a resume: a UserError that names a setting the run's checkpoint gave, or its value (a
-    device, a dataset's path), which the user never typed, says so and how to give another."""
+    """sys.excepthook for a resume: a UserError that names a setting the run's checkpoint gave (`key=`), or the value
+    of one of VALUES_NAMED, which the user never typed, says so and how to give another."""
     def hook(exc_type, exc, tb):
-        text = str(exc)
+        text = str(exc) if issubclass(exc_type, UserError) else ""
         named = [k for k, v in runs_own.items() if re.search(rf"\b{k}=", text) or (
-            isinstance(v, str) and v and re.search(rf"(?<![\w/.-]){re.escape(v)}(?![\w/.-])", text))]
-        if issubclass(exc_type, UserError) and named:
+            k in VALUES_NAMED and re.search(rf"(?<![\w/.-]){re.escape(v)}(?![\w/.-])", text))]
+        if named:
             exc = UserError(f"{text}; {', '.join(named)} {'is' if len(named) == 1 else 'are'} the run's own (a "
                             f"resume keeps each setting it is not given): give {' '.join(f'--{k}=...' for k in named)} "
                             "for another")
@@ -206,7 +209,7 @@ class StopFlag:
     forwards its own copy, so each worker gets two at once. A single process looks at the flag after every
     step; under DDP the ranks agree on it every STOP_CHECK_STEPS steps (and at log lines).
     The loss of stdout's or stderr's reader (`| tee log` and a Ctrl-C that ends both, or `| head`) sets it too, as
-    the SIGPIPE that Python ignores would: the run goes on writing to /dev/null until it has checkpointed."""
+    the SIGPIPE that Python ignores would have: the run writes on to /dev/null until it has checkpointed."""
 
     def __init__(self):
         self.requested, self.signalled, self.first = False, False, 0.0
@@ -228,7 +231,7 @@ class StopFlag:
     def _reader_gone(self):
         if self.training and not self.requested:
             self.requested = True
-            self._say("SIGPIPE (the output's reader is gone)", "")
+            self._say("the output pipe's reader is gone", "")
 
     @staticmethod
     def _say(cause: str, again: str):
@@ -374,8 +377,8 @@ if __name__ == "__main__":
         if ranks is None:
             raise
         held, checkpoint = str(e), None
-    if config["init_from"] == "resume":  # on every process alike: each reads the same checkpoint
-        configurator.check_rules(config, setting_rules)  # (where it could not, with this command's settings)
+    if config["init_from"] == "resume" and held is None:  # unheld: every process that read the checkpoint meets it
+        configurator.check_rules(config, setting_rules)
     if checkpoint is not None:
         if config["batch_size"] == "auto":  # the batch it was planned with, wherever it resumes: the same batches
             config["batch_size"] = checkpoint["config"]["batch_size"]
@@ -387,7 +390,7 @@ if __name__ == "__main__":
     if fp8:
         check_fp8(device)
     if ranks is not None and gradient_accumulation_steps % ranks[2]:
-        raise UserError(f"gradient_accumulation_steps {gradient_accumulation_steps} is not divisible by the "
+        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the "
                         f"world size {ranks[2]}: make it a multiple of the number of processes")
     if compile:
         check_compile_mode(compile_mode, gradient_accumulation_steps // (ranks[2] if ranks else 1), device_type)
@@ -419,8 +422,8 @@ if __name__ == "__main__":
         sys.exit(0)
     if fsdp:  # every rank runs every forward pass under FSDP (each gathers weights from all): no rank may do fewer
         if eval_iters % world_size:
-            raise UserError(f"eval_iters {eval_iters} is not divisible by the world size {world_size}: under FSDP every "
-                            "process evaluates the same number of batches; make it a multiple")
+            raise UserError(f"eval_iters={eval_iters} is not divisible by the world size {world_size}: under FSDP "
+                            "every process evaluates the same number of batches; make it a multiple")
         if sample_interval or hellaswag_interval:
             raise UserError("sample_interval and hellaswag_interval are not available with parallelism='fsdp' yet: "
                             "set them to 0, and sample or evaluate the checkpoint with sample.py or eval.py")

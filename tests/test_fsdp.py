@@ -153,7 +153,7 @@ def test_a_save_gathers_the_whole_state_onto_rank_0_alone(tmp_path):
     assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)] == ["True", "True"]
 
 
-@pytest.mark.parametrize("setting,message", [({"eval_iters": 3}, "error: eval_iters 3 is not divisible by the world size 2"),
+@pytest.mark.parametrize("setting,message", [({"eval_iters": 3}, "error: eval_iters=3 is not divisible by the world size 2"),
                                              ({"sample_interval": 1}, "error: sample_interval and hellaswag_interval are "
                                                                       "not available with parallelism='fsdp'")])
 def test_what_fsdp_cannot_do_is_refused_before_it_hangs(char_data, tmp_path, setting, message):

@@ -108,10 +108,18 @@ def test_a_resume_under_torchrun_whose_settings_break_a_rule_stops_every_rank_wi
     result = run_script("train.py", f"--out_dir={out}", "--init_from=resume", "--backend=nccl", cwd=str(tmp_path),
                         torchrun_procs=2)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    line = ("error: backend='nccl' is not valid: backend must satisfy backend in ('auto', 'gloo') or (backend == 'nccl' "
-            "and device.startswith('cuda')) (with device='cpu'); device is the run's own (a resume keeps each setting "
-            "it is not given): give --device=... for another\n")
+    line = ("error: backend='nccl' is not valid: backend must satisfy backend in ('auto', 'gloo') or (backend == "
+            "'nccl' and device.startswith('cuda')) (with device='cpu'); device is the run's own (a resume keeps each "
+            "setting it is not given): give --device=... for another\n")
     assert result.stderr.count(line) == 2, result.stderr
+    odd = str(tmp_path / "odd")  # a one-process run of 3 micro-steps, resumed on two processes
+    assert run_script("train.py", *tiny_args(char_data, odd, max_iters=1, gradient_accumulation_steps=3),
+                      cwd=str(tmp_path)).returncode == 0
+    result = run_script("train.py", f"--out_dir={odd}", "--init_from=resume", "--max_iters=2", cwd=str(tmp_path),
+                        torchrun_procs=2)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert ("error: gradient_accumulation_steps=3 is not divisible by the world size 2: make it a multiple of the "
+            "number of processes; gradient_accumulation_steps is the run's own") in result.stderr, result.stderr
 
 
 def test_a_quiet_resume_still_names_the_settings_it_changed(char_data, tmp_path):
@@ -164,7 +172,7 @@ def test_accumulation_steps_must_divide_among_processes(char_data, tmp_path):
     result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "out"), gradient_accumulation_steps=3),
                         cwd=str(tmp_path), torchrun_procs=2)
     assert result.returncode != 0
-    assert "gradient_accumulation_steps 3 is not divisible by the world size 2" in result.stderr
+    assert "gradient_accumulation_steps=3 is not divisible by the world size 2" in result.stderr
 
 
 def test_two_process_ddp_matches_one_process(char_data, tmp_path):
@@ -250,13 +258,16 @@ def test_bench_says_that_a_finetune_config_s_model_is_not_loaded(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("note: init_from='gpt2-xl' is not loaded: bench times a model of random weights")
     assert "of train.py alone" not in result.stdout  # the config file's max_iters, out_dir, ...: its own business
+    resumed = run_script("bench.py", "--init_from=resume", "--device=cpu", "--compile=False", "--n_layer=1",
+                         "--warmup_steps=0", "--num_steps=1", cwd=str(tmp_path))  # out_dir's run: not loaded either
+    assert resumed.stdout.startswith("note: init_from='resume' is not loaded"), resumed.stderr
+
+
+def test_bench_notes_a_training_only_setting_typed_as_a_flag(tmp_path):
     typed = run_script("bench.py", "--max_iters=9", "--device=cpu", "--compile=False", "--n_layer=1", "--max_iters=8",
                        "--warmup_steps=0", "--num_steps=1", cwd=str(tmp_path))
     assert typed.stdout.startswith("note: --max_iters is a setting of train.py alone: bench.py times the same step "
                                    "whatever the value\n"), typed.stderr
-    resumed = run_script("bench.py", "--init_from=resume", "--device=cpu", "--compile=False", "--n_layer=1",
-                         "--warmup_steps=0", "--num_steps=1", cwd=str(tmp_path))  # out_dir's run: not loaded either
-    assert resumed.stdout.startswith("note: init_from='resume' is not loaded"), resumed.stderr
 
 
 def test_bench_on_a_cpu_shrinks_only_the_model_keys_no_file_or_flag_set(tmp_path):
