@@ -666,9 +666,12 @@ if __name__ == "__main__":
         raise UserError(f"{e}" + (f" ({', '.join(f'{k}={CPU_MODEL[k]}' for k in unset)}: bench's CPU default, as it "
                                   "was not given: give it too)" if on_cpu and unset else "")) from None
     if config["profile"]:  # the trace is written after the timing: a folder that cannot be made fails now, not then
+        made = not os.path.isdir("bench_trace")
         try:
             os.makedirs("bench_trace", exist_ok=True)
             tempfile.TemporaryFile(dir="bench_trace").close()  # and it can be written in
+            if made:  # the trace's writer makes it again: a run that fails before then leaves no empty folder
+                os.rmdir("bench_trace")
         except OSError as e:
             raise UserError(f"cannot make bench_trace/ here for the profiler trace ({e.strerror or e}): run bench.py "
                             "from a writable folder") from None

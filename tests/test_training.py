@@ -237,6 +237,19 @@ def test_bench_reports_time_per_iteration(tmp_path):
     assert "ms/iter" in result.stdout and "tokens/s" in result.stdout
 
 
+def test_bench_profile_writes_a_trace_and_a_failed_one_leaves_no_folder(tmp_path):
+    tiny = ["--device=cpu", "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32",
+            "--batch_size=2", "--vocab_size=128", "--warmup_steps=1", "--num_steps=1", "--profile=True"]
+    failed = run_script("bench.py", *tiny, "--real_data=True", "--dataset=absent", cwd=str(tmp_path))
+    assert failed.returncode == 1 and "dataset 'absent' not found" in failed.stderr
+    assert not os.path.exists(tmp_path / "bench_trace")  # checked as writable at the start, made only for a trace
+    result = run_script("bench.py", *tiny, cwd=str(tmp_path))
+    assert result.returncode == 0 and "trace written to bench_trace/" in result.stdout, result.stderr
+    traces = os.listdir(tmp_path / "bench_trace")
+    assert len(traces) == 1 and traces[0].endswith(".pt.trace.json")
+    assert '"traceEvents"' in (tmp_path / "bench_trace" / traces[0]).read_text()
+
+
 def test_bench_times_the_data_pipeline_on_files_of_the_sizes_it_is_given(tmp_path):
     result = run_script("bench.py", "--mode=get_batch", "--token_file_tokens=100000", "--batch_size=4",
                         "--block_size=32", cwd=str(tmp_path))
