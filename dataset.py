@@ -14,12 +14,15 @@ import numbers
 import os
 import pickle
 import re
+import signal
+import threading
 from collections import deque
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 
 import numpy as np
 
-from common import UserError, atomic_write, read_json, replace_durably
+from common import UserError, atomic_write, read_json
 
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.json has; readers may need more
 
@@ -28,23 +31,55 @@ def write_meta(out_dir: str, meta: dict):
     """Finish a prepare: rename its token files from their .tmp names into place, write meta.json, then delete
     token files of the same splits that an earlier prepare left behind (named as a prepare names them,
     {split}.bin or {split}_000.bin, ...; a user's train_backup.bin stays), and an earlier meta.pkl. Called only
-    when the whole job has succeeded, so a failed prepare leaves the earlier dataset as it was."""
+    when the whole job has succeeded, so a failed prepare leaves the earlier dataset as it was. The files reach
+    the disk first, which can take minutes for gigabytes, while the earlier dataset is still whole; then the
+    renames and meta.json take milliseconds, and a Ctrl-C or SIGTERM in them waits for their end, so that no
+    old file is left beside new ones of the same size, which nothing could tell apart."""
     problem = meta_problem(meta)
     if problem:
         raise ValueError(f"meta.json {problem}")
     keep = {name for split in meta["splits"].values() for name in split["files"]}
-    for name in sorted(keep):
-        if os.path.exists(os.path.join(out_dir, name + ".tmp")):
-            replace_durably(os.path.join(out_dir, name + ".tmp"), os.path.join(out_dir, name))
-    with atomic_write(os.path.join(out_dir, "meta.json")) as f:
-        json.dump(meta, f, indent=1)
-    if os.path.exists(os.path.join(out_dir, "meta.pkl")):  # nanoGPT's vocabulary of the tokens just replaced: stale
-        os.remove(os.path.join(out_dir, "meta.pkl"))  # (the char prepare puts its new one in place after this)
-    for split in meta["splits"]:
-        for stale in glob.glob(os.path.join(out_dir, f"{split}*.bin")):
-            name = os.path.basename(stale)
-            if token_file_split(name) == split and name not in keep:
-                os.remove(stale)
+    staged = [os.path.join(out_dir, name) for name in sorted(keep) if os.path.exists(os.path.join(out_dir, name + ".tmp"))]
+    for path in staged:
+        fd = os.open(path + ".tmp", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    with signals_deferred():
+        for path in staged:
+            os.replace(path + ".tmp", path)
+        with atomic_write(os.path.join(out_dir, "meta.json")) as f:  # its folder's sync makes the renames durable too
+            json.dump(meta, f, indent=1)
+        if os.path.exists(os.path.join(out_dir, "meta.pkl")):  # nanoGPT's vocabulary of the tokens just replaced
+            os.remove(os.path.join(out_dir, "meta.pkl"))  # (the char prepare puts its new one in place after this)
+        for split in meta["splits"]:
+            for stale in glob.glob(os.path.join(glob.escape(out_dir), f"{split}*.bin")):
+                name = os.path.basename(stale)
+                if token_file_split(name) == split and name not in keep:
+                    os.remove(stale)
+
+
+@contextmanager
+def signals_deferred():
+    """Run the block with SIGINT and SIGTERM held back: one that comes meanwhile is raised again at its end, to the
+    handler that was there. In the main thread only, where Python runs signal handlers; elsewhere, as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    held = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in held.items():
+        if handler is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(sig, lambda signum, _: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 def token_file_split(name: str) -> str | None:

@@ -1,6 +1,7 @@
 """data/prepare.py on corpora made inside the tests."""
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -174,6 +175,35 @@ def test_a_double_star_glob_spans_folders(tmp_path):
         (tmp_path / path).write_text("words")
     assert prepare.list_files([str(tmp_path / "**" / "*.txt")]) == \
         [str(tmp_path / p) for p in ("a/b/two.txt", "a/one.txt", "top.txt")]
+
+
+def test_a_stop_while_a_dataset_is_put_in_place_waits_for_the_whole_of_it(tmp_path, monkeypatch):
+    """A Ctrl-C among the renames would leave old token files beside new ones of the same size, which nothing could
+    tell apart: it is held until the new dataset is whole, then raised."""
+    (tmp_path / "a.txt").write_text("ab\n\n" * 40)
+    (tmp_path / "b.txt").write_text("ba\n\n" * 40)  # the same sizes, other tokens
+    old = run_prepare([str(tmp_path / "a.txt")], tmp_path / "data", tokenizer="char", chars="\nab", shard_tokens=8,
+                      val_fraction=0.5)
+    renames = []
+
+    def replace_after_a_ctrl_c(src, dst):  # the stop comes once the first token file is in place
+        if dst.endswith(".bin"):
+            renames.append(dst)
+            if len(renames) == 2:
+                signal.raise_signal(signal.SIGINT)
+        os_replace(src, dst)
+    os_replace = os.replace
+    monkeypatch.setattr(os, "replace", replace_after_a_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare([str(tmp_path / "b.txt")], tmp_path / "data", tokenizer="char", chars="\nab", shard_tokens=8,
+                    val_fraction=0.5, workers=1)
+    monkeypatch.undo()
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    assert meta["splits"] == old["splits"]  # the same files and sizes: only their tokens tell the two apart
+    decoded = "".join("\nab|"[i] for i in read_split(tmp_path / "data", "train", meta))  # 3: the document end
+    assert decoded.startswith("ba") and "ab" not in decoded  # every file is the new corpus's
+    assert len(renames) == len(old["splits"]["train"]["files"]) + len(old["splits"]["val"]["files"]) > 2
+    assert not [f for f in os.listdir(tmp_path / "data") if f.endswith(".tmp")]
 
 
 def test_a_byte_order_mark_starts_a_jsonl_file_without_becoming_text(tmp_path):
