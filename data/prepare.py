@@ -54,8 +54,10 @@ def list_files(inputs: list[str]) -> list[str]:
     """Every corpus file named by inputs (files, folders, globs), sorted within each input."""
     files = []
     for item in inputs:
-        if os.path.isdir(item):
-            found = sorted(os.path.join(d, f) for d, _, names in os.walk(item) for f in names if f.endswith(EXTENSIONS))
+        if os.path.isfile(item):  # as it is, even where its name has glob characters: notes [draft].txt
+            found = [item]
+        elif os.path.isdir(item):
+            found = sorted(walk_files(item))
         else:
             found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))  # ** spans folders
         if not found:
@@ -65,6 +67,19 @@ def list_files(inputs: list[str]) -> list[str]:
     if unsupported:
         raise PrepareError(f"{unsupported[0]} is not .txt, .jsonl or .parquet")
     return files
+
+
+def walk_files(folder: str) -> Iterator[str]:
+    """The corpus files under folder, through linked folders too (as a glob's ** goes), each folder once: a link
+    back up the tree would otherwise be walked forever."""
+    seen = set()
+    for d, subdirs, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(d)
+        if real in seen:
+            subdirs[:] = []
+            continue
+        seen.add(real)
+        yield from (os.path.join(d, f) for f in names if f.endswith(EXTENSIONS))
 
 
 def split_paragraphs(chunks: Iterable[str], max_chars: int = TXT_PIECE_CHARS) -> Iterator[str]:

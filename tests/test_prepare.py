@@ -177,6 +177,19 @@ def test_a_double_star_glob_spans_folders(tmp_path):
         [str(tmp_path / p) for p in ("a/b/two.txt", "a/one.txt", "top.txt")]
 
 
+def test_a_file_is_taken_as_named_and_a_folder_through_its_links_each_folder_once(tmp_path):
+    (tmp_path / "notes [draft].txt").write_text("words")  # [draft] would be a glob's character class
+    assert prepare.list_files([str(tmp_path / "notes [draft].txt")]) == [str(tmp_path / "notes [draft].txt")]
+    (tmp_path / "books" / "old").mkdir(parents=True)
+    (tmp_path / "books" / "old" / "a.txt").write_text("words")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "b.txt").write_text("words")
+    os.symlink(tmp_path / "books", tmp_path / "corpus" / "books")  # a linked folder, as a glob's ** follows
+    os.symlink(tmp_path / "corpus", tmp_path / "books" / "old" / "up")  # and a link back up: walked once, not forever
+    assert prepare.list_files([str(tmp_path / "corpus")]) == \
+        [str(tmp_path / "corpus" / p) for p in ("b.txt", "books/old/a.txt")]
+
+
 def test_a_stop_while_a_dataset_is_put_in_place_waits_for_the_whole_of_it(tmp_path, monkeypatch):
     """A Ctrl-C among the renames would leave old token files beside new ones of the same size, which nothing could
     tell apart: it is held until the new dataset is whole, then raised."""
