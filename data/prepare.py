@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
 from common import NO_LOCKS, UserError  # noqa: E402
 from dataset import read_meta, token_file_split, write_meta  # noqa: E402
-from tokenizer import EOT, gpt2_encoding  # noqa: E402
+from tokenizer import EOT, encoding_from_bytes, gpt2_encoding, rank_file_bytes  # noqa: E402
 
 EXTENSIONS = (".txt", ".jsonl", ".parquet")
 TXT_PIECE_CHARS = 1 << 20  # cut .txt files into documents of about this many characters
@@ -214,9 +214,9 @@ class CharCodec:
 _worker = {}  # per worker process: the tokenizer and the split settings
 
 
-def _init_worker(tokenizer: str, chars: str | None, rank_file: str | None, val_fraction: float, seed: int):
+def _init_worker(tokenizer: str, chars: str | None, ranks: bytes | None, val_fraction: float, seed: int):
     _worker.update(val_fraction=val_fraction, seed=seed)
-    _worker["codec"] = CharCodec(chars) if tokenizer == "char" else gpt2_encoding(rank_file)
+    _worker["codec"] = CharCodec(chars) if tokenizer == "char" else encoding_from_bytes(ranks, "the parent's ranks")
 
 
 def _encode_batch(docs: list[str]) -> list[tuple[bool, np.ndarray]]:
@@ -447,8 +447,9 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
     if shard_tokens < 0 or workers < 0:
         raise PrepareError(f"--shard_tokens {shard_tokens} and --workers {workers} must be >= 0 (0: one file per "
                            "split, one worker per core)")
-    if tokenizer == "gpt2":
-        gpt2_encoding(rank_file)  # find (and cache) the rank file once here, not in every worker
+    # the rank file is found once, here, and its bytes handed to the workers: where it cannot be cached (a
+    # read-only home), each worker would otherwise download it again
+    ranks = rank_file_bytes(gpt2_encoding(rank_file)) if tokenizer == "gpt2" else None
     vocab_size = len(chars) + 1 if tokenizer == "char" else EOT + 1
     dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
     with holding(out_dir):
@@ -463,7 +464,7 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         pace, lead, end = (0.5, "\r", "") if live else (PROGRESS_LOG_S, "", "\n")
         try:
             with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
-                                                           (tokenizer, chars, rank_file, val_fraction, seed)) as pool:
+                                                           (tokenizer, chars, ranks, val_fraction, seed)) as pool:
                 pending = collections.deque()  # a few batches in flight: enough to keep workers busy, memory bounded
 
                 def drain_one():
