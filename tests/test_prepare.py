@@ -9,7 +9,7 @@ import torch
 
 import data.prepare as prepare  # the repository root is on sys.path (conftest.py)
 from common import UserError
-from conftest import favour_padding, gpt2_rank_file, run_script
+from conftest import favour_padding, gpt2_rank_file, load_module, run_script
 from model import GPT, GPTConfig
 from tokenizer import gpt2_encoding
 
@@ -217,6 +217,25 @@ def test_a_stop_while_a_dataset_is_put_in_place_waits_for_the_whole_of_it(tmp_pa
     assert decoded.startswith("ba") and "ab" not in decoded  # every file is the new corpus's
     assert len(renames) == len(old["splits"]["train"]["files"]) + len(old["splits"]["val"]["files"]) > 2
     assert not [f for f in os.listdir(tmp_path / "data") if f.endswith(".tmp")]
+
+
+def test_openwebtext_checks_its_settings_before_the_download_starts(tmp_path):
+    owt = load_module("data/openwebtext/prepare.py")
+    calls = []
+
+    def load_dataset(repo, split, num_proc, revision):  # datasets' signature, answering as it would offline
+        calls.append(revision)
+        if revision is None:
+            raise RuntimeError("Dataset scripts are no longer supported, but found openwebtext.py")
+        return [{"text": f"document {i} of the web"} for i in range(30)]
+    with pytest.raises(prepare.PrepareError, match="--shard_tokens -1"):
+        prepare.prepare_corpus(owt.openwebtext_texts(load_dataset, 1), str(tmp_path / "bad"), shard_tokens=-1,
+                               rank_file=gpt2_rank_file(), progress=False)
+    assert calls == []  # refused before a byte was fetched
+    meta = prepare.prepare_corpus(owt.openwebtext_texts(load_dataset, 1), str(tmp_path / "owt"), workers=1,
+                                  val_fraction=0.2, rank_file=gpt2_rank_file(), progress=False)
+    assert calls == [None, "refs/convert/parquet"]  # the plain load refused, then the Hub's parquet copy
+    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 30
 
 
 def test_a_byte_order_mark_starts_a_jsonl_file_without_becoming_text(tmp_path):

@@ -21,26 +21,26 @@ from data.prepare import PrepareError, prepare_corpus, run_cli  # noqa: E402
 REPO = "Skylion007/openwebtext"
 
 
-def load_openwebtext(workers: int):
-    """The openwebtext train split as a datasets.Dataset, or a PrepareError saying why it is not to be had."""
-    try:
-        from datasets import load_dataset
-    except ImportError:
-        raise PrepareError("openwebtext needs Hugging Face datasets: pip install datasets") from None
+def openwebtext_texts(load_dataset, workers: int | None):
+    """The texts of the openwebtext train split, through datasets' load_dataset, or a PrepareError saying why they
+    are not to be had. A generator: the download starts at the first text taken, after prepare_corpus has checked
+    its arguments and the output folder, which a 54 GB download should not have to wait for."""
     # the Hub keeps a parquet copy of script-based datasets under refs/convert/parquet
     for revision in (None, "refs/convert/parquet"):
         try:
-            return load_dataset(REPO, split="train", num_proc=workers, revision=revision)
+            rows = load_dataset(REPO, split="train", num_proc=workers, revision=revision)
+            break
         except RuntimeError as e:
             failure = e
             if revision is None and "scripts are no longer supported" in str(e):
                 continue
         except (OSError, ValueError) as e:  # ConnectionError is an OSError
             failure = e
-        break
-    raise PrepareError(f"could not fetch {REPO} from the Hugging Face Hub ({failure.__class__.__name__}: {failure}); "
-                       "without network access, download the corpus elsewhere as .parquet or .jsonl and "
-                       "run data/prepare.py on it")
+        raise PrepareError(f"could not fetch {REPO} from the Hugging Face Hub ({failure.__class__.__name__}: "
+                           f"{failure}); without network access, download the corpus elsewhere as .parquet or .jsonl "
+                           "and run data/prepare.py on it")
+    for row in rows:
+        yield row["text"]
 
 
 if __name__ == "__main__":
@@ -52,7 +52,11 @@ if __name__ == "__main__":
     args = parser.parse_args()
 
     def job():
-        documents = (row["text"] for row in load_openwebtext(args.workers))
-        prepare_corpus(documents, args.out_dir, "gpt2", val_fraction=0.0005, seed=2357, workers=args.workers,
+        try:
+            from datasets import load_dataset
+        except ImportError:
+            raise PrepareError("openwebtext needs Hugging Face datasets: pip install datasets") from None
+        texts = openwebtext_texts(load_dataset, args.workers or None)  # 0: datasets' own choice
+        prepare_corpus(texts, args.out_dir, "gpt2", val_fraction=0.0005, seed=2357, workers=args.workers,
                        shard_tokens=args.shard_tokens, rank_file=args.gpt2_tiktoken, source=REPO)
     run_cli(job, args.out_dir)
