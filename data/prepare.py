@@ -28,6 +28,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from typing import Iterable, Iterator
@@ -215,6 +216,10 @@ _worker = {}  # per worker process: the tokenizer and the split settings
 
 
 def _init_worker(tokenizer: str, chars: str | None, ranks: bytes | None, val_fraction: float, seed: int):
+    # a group of its own: a terminal's Ctrl-C, or a SIGTERM to the group, reaches the parent alone, which stops the
+    # workers as a Pool can. A worker that died of it while waiting for work would hold the pool's queue lock for ever,
+    # and the parent would hang in the pool's exit
+    os.setpgrp()
     _worker.update(val_fraction=val_fraction, seed=seed)
     _worker["codec"] = CharCodec(chars) if tokenizer == "char" else encoding_from_bytes(ranks, "the parent's ranks")
 
@@ -413,11 +418,32 @@ def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict) -> dic
     return splits
 
 
+class Stopped(BaseException):
+    """SIGTERM, raised where the prepare is, as Ctrl-C's KeyboardInterrupt is: the .tmp files go on the way out."""
+
+
 def run_cli(job, out_dir: str):
     """Run a prepare script's job and return what it returns; a UserError (PrepareError, a rank file that is not
-    GPT-2's) or a failed write (a full disk) ends the script with one error line."""
+    GPT-2's) or a failed write (a full disk) ends the script with one error line, and a Ctrl-C or SIGTERM with
+    one line saying so. A job that does not finish leaves no folder it made."""
+    made = not os.path.lexists(out_dir)
+
+    def stop(signum, _):
+        raise Stopped(signum)
+    signal.signal(signal.SIGTERM, stop)
     try:
-        return job()
+        try:
+            return job()
+        except BaseException:
+            if made:
+                with contextlib.suppress(OSError):  # only while it is empty: a folder it made holds nothing else
+                    os.rmdir(out_dir)
+            raise
+    except (KeyboardInterrupt, Stopped) as e:
+        signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
+        print(f"stopped by {signal.Signals(signum).name}: {out_dir} holds the dataset that was there, or the new one "
+              "whole if the stop came as it was put in place", file=sys.stderr)
+        sys.exit(128 + signum)
     except UserError as e:
         sys.exit(f"error: {e}")
     except OSError as e:  # the earlier dataset is still in place: new files are put there only at the end

@@ -2,6 +2,9 @@
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ import torch
 
 import data.prepare as prepare  # the repository root is on sys.path (conftest.py)
 from common import UserError
-from conftest import favour_padding, gpt2_rank_file, load_module, run_script
+from conftest import ROOT, favour_padding, gpt2_rank_file, load_module, run_script, shakespeare
 from model import GPT, GPTConfig
 from tokenizer import gpt2_encoding
 
@@ -217,6 +220,34 @@ def test_a_stop_while_a_dataset_is_put_in_place_waits_for_the_whole_of_it(tmp_pa
     assert decoded.startswith("ba") and "ab" not in decoded  # every file is the new corpus's
     assert len(renames) == len(old["splits"]["train"]["files"]) + len(old["splits"]["val"]["files"]) > 2
     assert not [f for f in os.listdir(tmp_path / "data") if f.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_prepare_stopped_midway_says_so_and_leaves_the_dataset_that_was_there(tmp_path, sig):
+    """SIGTERM (a job's time limit) and Ctrl-C: one line, no traceback (the workers' included), no .tmp file
+    left, and a folder the prepare made is gone."""
+    (tmp_path / "big.txt").write_text(shakespeare()["text"] * 20)  # about 6M tokens: seconds of work
+    (tmp_path / "small.txt").write_text("some words here")
+    kept = tmp_path / "kept"
+    assert run_script("data/prepare.py", "--input", str(tmp_path / "small.txt"), "--out_dir", str(kept),
+                      "--gpt2_tiktoken", gpt2_rank_file(), cwd=str(tmp_path)).returncode == 0
+    before = {f: (kept / f).read_bytes() for f in os.listdir(kept)}
+    for out, overwrite in ((kept, ["--overwrite"]), (tmp_path / "new", [])):
+        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "data", "prepare.py"), "--input",
+                                 str(tmp_path / "big.txt"), "--out_dir", str(out), *overwrite, "--workers", "2",
+                                 "--gpt2_tiktoken", gpt2_rank_file()], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.time() + 60
+        while not (out / "train.bin.tmp").exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, sig)  # to the group, as a terminal's Ctrl-C reaches the workers too
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + sig and "Traceback" not in stderr, stderr
+        assert stderr.splitlines()[-1].startswith(f"stopped by {signal.Signals(sig).name}: {out} holds the dataset "
+                                                  "that was there"), stderr
+    assert {f: (kept / f).read_bytes() for f in os.listdir(kept)} == before
+    assert not (tmp_path / "new").exists()
 
 
 def test_openwebtext_checks_its_settings_before_the_download_starts(tmp_path):
