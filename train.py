@@ -712,6 +712,13 @@ if __name__ == "__main__":
                 raise UserError(f"the last evaluation (iter {iter_num}) gave val loss {losses['val']}: the weights are "
                                 f"not finite and were not saved; {kept_checkpoint(saved)}. Lower "
                                 "learning_rate, raise warmup_iters or check the data")
+            # steps skipped up to now left the weights as the last step applied made them, and those gave the
+            # non-finite steps since (a finite val loss of 1e10 included): not to be saved over ckpt.pt
+            streak = int(in_a_row.item())  # one sync, beside the evaluation's own
+            if final and streak:
+                raise UserError(f"the run ended in {streak} steps in a row with a non-finite loss or gradient norm: "
+                                f"the weights that gave them were not saved; {kept_checkpoint(saved)}. Lower "
+                                "learning_rate, raise warmup_iters or check the data")
             # the sample before the save: a kill between the two then redoes both on resume, rather than neither
             if master_process and sample_interval and evals_done % sample_interval == 0:
                 if finite:
@@ -719,8 +726,12 @@ if __name__ == "__main__":
                 else:  # nothing to sample from
                     report.print(f"iter {iter_num}: no sample, the val loss is {losses['val']}", always=True)
             if iter_num > 0 and finite and (improved or always_save_checkpoint or final):
-                save(evaluated=True, improved=improved)
-                saved = (os.path.join(out_dir, "ckpt.pt"), iter_num)
+                if streak:
+                    report.print(f"iter {iter_num}: not saved, as the last {streak} steps were skipped as non-finite; "
+                                 + kept_checkpoint(saved), always=True)
+                else:
+                    save(evaluated=True, improved=improved)
+                    saved = (os.path.join(out_dir, "ckpt.pt"), iter_num)
             t_log += time.monotonic() - t_eval  # keep evaluation out of the ms/iter figures
         skip_first_eval = False
         if iter_num >= max_iters:
@@ -762,8 +773,8 @@ if __name__ == "__main__":
                 dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)  # a signal to any one rank stops them all
                 if log_now:
                     dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)  # the mean over every rank's micro-steps
-            loss_value, grad_value, skipped, worst, stop_now = torch.stack(
-                [loss_sum, grad_norm.float(), skipped_steps, worst_in_a_row, stop_flag]).tolist()  # one sync
+            loss_value, grad_value, skipped, worst, streak, stop_now = torch.stack(
+                [loss_sum, grad_norm.float(), skipped_steps, worst_in_a_row, in_a_row, stop_flag]).tolist()  # one sync
             if skipped > skipped_reported:
                 skipped_reported = int(skipped)
                 report.print(f"iter {iter_num}: non-finite loss or gradient norm, {skipped_reported} steps skipped so far",
@@ -789,6 +800,10 @@ if __name__ == "__main__":
             if stop_now:
                 if iters_since_log:  # the steps since the last log line count in the summary's times too
                     train_time += time.monotonic() - t_log
+                if streak:  # as at the end: the weights that gave the skipped steps are not saved
+                    raise UserError(f"stopped by signal at iter {iter_num}, in {int(streak)} steps in a row with a "
+                                    "non-finite loss or gradient norm: the weights that gave them were not saved; "
+                                    f"{kept_checkpoint(saved)}. Lower learning_rate, raise warmup_iters or check the data")
                 save(evaluated=False, improved=False)
                 report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume", always=True)
                 stopped_by_signal = True

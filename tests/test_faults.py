@@ -132,6 +132,28 @@ def test_an_eval_of_weights_that_are_not_finite_writes_no_sample(char_data, tmp_
     assert result.stderr.strip().startswith("error: the last evaluation (iter 8) gave val loss nan")
 
 
+def test_weights_that_give_non_finite_steps_are_not_saved_though_their_val_loss_is_finite(char_data, tmp_path):
+    """A step at a learning rate of 1e5 is finite but leaves weights whose val loss is about 1e11 (finite: the
+    norms keep the forward pass in range) and whose gradients overflow, so every later step is skipped. Those
+    weights must not replace ckpt.pt, nor push the kept steps out, at an evaluation or at the end."""
+    out = str(tmp_path / "out")
+    shape = dict(batch_size=4, dropout=0.0, warmup_iters=2, max_iters=8, lr_decay_iters=8, keep_last_n=1)
+    assert run_script("train.py", *args_for(char_data, out, **shape), cwd=str(tmp_path)).returncode == 0
+    before = {name: open(os.path.join(out, name), "rb").read() for name in ("ckpt.pt", "ckpt_0000008.pt", "best.pt")}
+    result = run_script("train.py", f"--out_dir={out}", "--init_from=resume", "--learning_rate=1e5", "--min_lr=0",
+                        "--decay_lr=False", "--max_iters=20", "--max_nonfinite_steps=100", cwd=str(tmp_path))
+    assert "iter 12: not saved, as the last 3 steps were skipped as non-finite; the last good checkpoint, " \
+           f"{out}/ckpt.pt at iter 8, is kept" in result.stdout, result.stdout
+    evals = [r for r in read_metrics(out) if r["val_loss"] and int(r["iter"]) > 8]
+    assert [int(r["iter"]) for r in evals] == [12, 16, 20] and all(1e6 < float(r["val_loss"]) < 1e30 for r in evals)
+    assert result.returncode == 1 and result.stderr.strip() == (
+        f"error: the run ended in 11 steps in a row with a non-finite loss or gradient norm: the weights that gave "
+        f"them were not saved; the last good checkpoint, {out}/ckpt.pt at iter 8, is kept. Lower learning_rate, "
+        "raise warmup_iters or check the data")
+    assert {name: open(os.path.join(out, name), "rb").read() for name in before} == before
+    assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == sorted(before)
+
+
 def test_a_stop_before_the_first_log_line_still_counts_its_steps_in_the_summary(char_data, tmp_path):
     out = str(tmp_path / "out")
     proc = start(char_data, out, str(tmp_path), log_interval=1000, max_iters=1000)

@@ -296,7 +296,8 @@ CASES = [
          runner=file_size_limit(48_000), may_change=RUN_LOGS),
     Case("SIGTERM with non-finite weights", "train.py",
          [*RESUME, "--max_iters=1000", "--learning_rate=1e39", "--min_lr=0", "--grad_clip=0", "--max_nonfinite_steps=1000"],
-         r"the weights are not finite .* not saving them, so .*ckpt.pt keeps the last good state",
+         r"stopped by signal at iter \d+, in \d+ steps in a row with a non-finite loss or gradient norm: the weights "
+         r"that gave them were not saved; the last good checkpoint, .*ckpt.pt at iter 4, is kept",
          runner=sigterm_after_iter(6), may_change=RUN_LOGS),
     Case("non-finite steps in a row", "train.py",
          [*RESUME, "--max_iters=40", "--learning_rate=1e30", "--min_lr=0", "--grad_clip=0", "--max_nonfinite_steps=3"],
