@@ -178,9 +178,16 @@ def read_model_file(path: str, dropout: float) -> tuple[GPT, dict | None, dict |
     missing = [k for k in SHAPE_KEYS if k not in saved["model_args"]]
     if missing:
         raise UserError(f"checkpoint {path} lacks model_args {missing}")
-    model = GPT(GPTConfig(**architecture(saved["model_args"]), dropout=dropout))
+    try:
+        model = GPT(GPTConfig(**architecture(saved["model_args"]), dropout=dropout))
+    except (TypeError, ValueError) as e:  # GPTConfig's checks, or a value of the wrong type (vocab_size 65.0)
+        raise UserError(f"checkpoint {path} has model_args that build no model ({e}): it is damaged, or not "
+                        "written by this trainer or nanoGPT") from None
     load_model_state(model, {strip_prefixes(k): v for k, v in saved["model"].items()}, path)
     vocab = saved.get("vocabulary")
+    if vocab is not None and not isinstance(vocab, dict):
+        raise UserError(f"checkpoint {path} has a vocabulary of type {type(vocab).__name__}, not the table this trainer "
+                        "writes: it is damaged")
     dataset = (saved.get("config") or {}).get("dataset")
     if vocab is None and isinstance(dataset, str):  # nanoGPT's: the characters are in its dataset's meta.pkl
         try:
@@ -327,6 +334,9 @@ def load_model_state(model: torch.nn.Module, state: dict, path: str, optimizer=N
     """load_state_dict (and the optimizer's, when given), sharded as the model is (see sharding.py), with a
     UserError naming the keys that are missing, unexpected or of another shape."""
     own = model.state_dict()
+    odd = sorted(k for k, v in state.items() if not isinstance(v, torch.Tensor))
+    if odd:
+        raise UserError(f"checkpoint {path} holds values that are not tensors in its weights ({odd[:5]}): it is damaged")
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     reshaped = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
     if missing or unexpected or reshaped:

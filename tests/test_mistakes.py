@@ -271,6 +271,19 @@ CASES = [
          r"was trained with optimizer=adamw, not muon: resume with that optimizer"),
     Case("model_args lacks a key", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"lacks \[\"model_args\['n_head'\]\"\]",
          setup=edit_checkpoint(lambda c: c["model_args"].pop("n_head"))),
+    Case("checkpoint whose model_args build no model", "sample.py", ["--out_dir={tmp}/other", "--device=cpu"],
+         r"checkpoint .*other/ckpt.pt has model_args that build no model \(pos_emb 'alibi' is not one of .*\): it is "
+         r"damaged, or not written by this trainer or nanoGPT$",
+         setup=edit_checkpoint(lambda c: c["model_args"].update(pos_emb="alibi"))),
+    Case("checkpoint whose vocab_size is a float", "export.py", ["--out_dir={tmp}/other", "--to={tmp}/hf"],
+         r"checkpoint .*other/ckpt.pt has model_args that build no model \(.*float.*\)",
+         setup=edit_checkpoint(lambda c: c["model_args"].update(vocab_size=float(c["model_args"]["vocab_size"])))),
+    Case("checkpoint whose weights are lists", "sample.py", ["--out_dir={tmp}/other", "--device=cpu"],
+         r"checkpoint .*other/ckpt.pt holds values that are not tensors in its weights \(\['lm_head.weight'\]\): it is "
+         r"damaged$", setup=edit_checkpoint(lambda c: c["model"].update({"lm_head.weight": [0.0]}))),
+    Case("checkpoint whose vocabulary is a string", "eval.py", ["--out_dir={tmp}/other", "--device=cpu"],
+         r"checkpoint .*other/ckpt.pt has a vocabulary of type str, not the table this trainer writes: it is damaged$",
+         setup=edit_checkpoint(lambda c: c.update(vocabulary="char"))),
     Case("resume with ckpt.pt moved away", "train.py", [*RESUME, "--out_dir={tmp}/moved"],
          r"no checkpoint at .*moved/ckpt.pt: .*moved keeps ckpt_0000004.pt: --resume_from=ckpt_0000004.pt reads the "
          r"last$", setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "moved")), shutil.copy(
