@@ -28,7 +28,7 @@ limit = 0  # score only the first this many items; 0: all [limit >= 0]
 out_file = ""  # also write the result here as JSON, replacing only an earlier result; '': print only [out_file == '' or out_file.endswith('.json')]
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
 dtype = "float32"  # as the published figures were scored (16-bit logits can flip items whose endings score close); 'bfloat16', 'float16' or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) are faster [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
-backend = "auto"  # under torchrun: 'nccl', 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'nccl', 'gloo')]
+backend = "auto"  # under torchrun: 'nccl' (CUDA only), 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'gloo') or (backend == 'nccl' and device.startswith('cuda'))]
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 RESULT_KEYS = {"model", "items", "acc", "acc_norm", "dtype"}  # what this script writes to out_file
 

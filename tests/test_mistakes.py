@@ -193,6 +193,8 @@ CASES = [
     Case("weight_decay<0", "train.py", [*TRAIN, "--weight_decay=-0.1"], r"weight_decay=-0.1 is not valid"),
     Case("beta2=1.5", "train.py", [*TRAIN, "--beta2=1.5"], r"beta2=1.5 is not valid: .*0 <= beta2 < 1"),
     Case("nccl on a cpu", "train.py", [*TRAIN, "--backend=nccl"], r"backend='nccl' is not valid: .*\(with device='cpu'\)"),
+    Case("eval nccl on a cpu", "eval.py", ["--out_dir={run}", "--device=cpu", "--backend=nccl"],
+         r"backend='nccl' is not valid: .*\(with device='cpu'\)"),
     Case("dropout=1.5", "train.py", [*TRAIN, "--dropout=1.5"], r"dropout=1.5 is not valid"),
     Case("seed=-1", "train.py", [*TRAIN, "--seed=-1"], r"seed=-1 is not valid"),
     Case("grad_clip<0", "train.py", [*TRAIN, "--grad_clip=-1"], r"grad_clip=-1.0 is not valid"),
