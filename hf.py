@@ -224,7 +224,10 @@ def load(name: str, dropout: float = 0.0) -> GPT:
         if cls is None:
             raise UserError(f"{name} holds a transformers {kind!r} model: only GPT-2 and LLaMA models load")
         hf_model = cls.from_pretrained(name)
-    except OSError as e:  # no network, no such folder, or a folder without the weights
+    except OSError as e:  # no network; in a folder, a file transformers cannot parse (config.json cut short)
+        if os.path.isdir(name):
+            raise UserError(f"could not read the model in {name} ({e.__class__.__name__}: {str(e)[:200]}): the folder "
+                            "is damaged; write it again (export.py, or save_pretrained)") from e
         raise UserError(f"could not load '{name}' ({e.__class__.__name__}): without network access, save the model "
                         "on a machine that has it (GPT2LMHeadModel.from_pretrained(name).save_pretrained(folder)) "
                         "and pass that folder") from e

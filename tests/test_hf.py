@@ -241,12 +241,16 @@ def test_a_transformers_llama_with_an_odd_head_size_is_refused(tmp_path):
         hf.load(str(tmp_path))
 
 
-def test_a_folder_with_damaged_weights_is_a_one_line_error(tmp_path):
+def test_a_folder_with_damaged_weights_or_config_is_a_one_line_error(tmp_path):
     folder = str(tmp_path / "hf")
     export(random_model(), {"tokenizer": "char", "chars": "abcdefghij"}, folder, "float32", False)
     weights = tmp_path / "hf" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # cut short, as by a full disk or an interrupted copy
     with pytest.raises(UserError, match=r"could not read the model in .*hf \(.*\): the folder is damaged"):
+        hf.load(folder)
+    export(random_model(), {"tokenizer": "char", "chars": "abcdefghij"}, folder, "float32", True)
+    (tmp_path / "hf" / "config.json").write_text("{")  # which transformers reports as an OSError, as it does no network
+    with pytest.raises(UserError, match=r"could not read the model in .*hf \(OSError: .*\): the folder is damaged"):
         hf.load(folder)
 
 
