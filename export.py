@@ -37,8 +37,11 @@ EXPORT_FILES = (".json", ".safetensors", ".txt", ".bin", ".model")  # what a tra
 def check_target(folder: str, overwrite: bool):
     """Refuse a `to` that export would fail on or that is not ours to replace, before any work is done."""
     parent = os.path.dirname(os.path.abspath(folder))
-    while not os.path.exists(parent):
+    while not os.path.lexists(parent):
         parent = os.path.dirname(parent)
+    if not os.path.exists(parent):  # a link to nothing, in which no folder can be made
+        raise UserError(f"--to={folder} lies under {parent}, a link to {os.readlink(parent)}, which does not exist: "
+                        "make that folder, or choose another --to")
     if not os.path.isdir(parent):
         raise UserError(f"--to={folder} lies under {parent}, which is a file: choose a folder path")
     try:  # a folder that cannot be written in (read-only, /proc) fails now, not after the model is converted

@@ -416,6 +416,9 @@ CASES = [
          r"out_file .*r.json is a folder: name a .json file", setup=lambda tmp, run, data: os.makedirs(os.path.join(tmp, "r.json"))),
     Case("eval out_file over a run's summary", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={run}/summary.json"],
          r"out_file .*summary.json already exists and is not an earlier result of eval.py: choose another out_file"),
+    Case("export under a link to nothing", "export.py", ["--out_dir={run}", "--to={tmp}/gone/hf"],
+         r"--to=.*gone/hf lies under .*gone, a link to .*nowhere, which does not exist: make that folder, or choose "
+         r"another --to$", setup=lambda tmp, run, data: os.symlink(os.path.join(tmp, "nowhere"), os.path.join(tmp, "gone"))),
     Case("export over the run", "export.py", ["--out_dir={run}", "--to={run}", "--overwrite=True"],
          r"--overwrite=True replaces only an earlier export and .* is not one \(it holds best.pt, ckpt.pt"),
     Case("export under a file", "export.py", ["--out_dir={run}", "--to={run}/ckpt.pt/hf"], r"lies under .*ckpt.pt, which is a file"),
