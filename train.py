@@ -278,7 +278,8 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
                      cooldown_frac: float = 0.2) -> str | None:
     """What is odd about a schedule (get_lr's, with decay_lr) that the settings' rules allow: a warmup as long as
     the run, which never reaches learning_rate (a quick run that kept GPT-2's 2000 steps of warmup), one as long
-    as the decay, which drops from learning_rate to min_lr in one step, a wsd cooldown too short to have a step
+    as the decay, which drops from learning_rate to min_lr in one step, or no decay at all (lr_decay_iters 0 or 1
+    without warmup: min_lr throughout), a wsd cooldown too short to have a step
     between the two, or a decay that the run stops less than half way down (a short run of a config's long
     schedule); None when none of these."""
     if warmup_iters >= max_iters and warmup_iters > 0:
@@ -287,6 +288,10 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
     if warmup_iters >= lr_decay_iters and warmup_iters > 0 and schedule != "constant":
         return (f"warmup_iters {warmup_iters} is not below lr_decay_iters {lr_decay_iters}: the learning rate drops "
                 "from learning_rate to min_lr in one step after the warmup; raise lr_decay_iters (usually max_iters)")
+    if lr_decay_iters <= 1 and schedule != "constant":  # no warmup either, or the check above would have spoken
+        return (f"lr_decay_iters {lr_decay_iters} ends the decay at once: every step trains at min_lr"
+                + (" but the first" if lr_decay_iters else "") + ", never near learning_rate; set lr_decay_iters to "
+                "max_iters (or lr_schedule='constant' for learning_rate throughout)")
     start = wsd_cooldown_start(warmup_iters, lr_decay_iters, cooldown_frac)
     if schedule in ("wsd", "wsd-sqrt") and lr_decay_iters - start < 2 and lr_decay_iters > 0:
         squeezed = start == warmup_iters > 0  # the warmup ends where the cooldown would have begun
