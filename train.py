@@ -429,9 +429,11 @@ if __name__ == "__main__":
         if eval_iters % world_size:
             raise UserError(f"eval_iters={eval_iters} is not divisible by the world size {world_size}: under FSDP "
                             "every process evaluates the same number of batches; make it a multiple")
-        if sample_interval or hellaswag_interval:
-            raise UserError("sample_interval and hellaswag_interval are not available with parallelism='fsdp' yet: "
-                            "set them to 0, and sample or evaluate the checkpoint with sample.py or eval.py")
+        if (sample_interval or hellaswag_interval) and not eval_only:  # an eval_only run neither samples nor scores
+            on = [f"{k}={v}" for k, v in (("sample_interval", sample_interval), ("hellaswag_interval", hellaswag_interval))
+                  if v]
+            raise UserError(f"{' and '.join(on)} {'is' if len(on) == 1 else 'are'} not available with parallelism='fsdp' "
+                            "yet: set 0, and sample or evaluate the checkpoint with sample.py or eval.py")
     accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
     report.print(f"world size {world_size}, device {device}, dtype {dtype}")
     odd_schedule = schedule_problem(warmup_iters, lr_decay_iters, max_iters, lr_schedule, cooldown_frac) \

@@ -154,8 +154,8 @@ def test_a_save_gathers_the_whole_state_onto_rank_0_alone(tmp_path):
 
 
 @pytest.mark.parametrize("setting,message", [({"eval_iters": 3}, "error: eval_iters=3 is not divisible by the world size 2"),
-                                             ({"sample_interval": 1}, "error: sample_interval and hellaswag_interval are "
-                                                                      "not available with parallelism='fsdp'")])
+                                             ({"sample_interval": 1}, "error: sample_interval=1 is not available with "
+                                                                      "parallelism='fsdp'")])
 def test_what_fsdp_cannot_do_is_refused_before_it_hangs(char_data, tmp_path, setting, message):
     """Under FSDP every rank joins every forward pass: an evaluation split unevenly, or a sample on rank 0 alone,
     would wait in a collective until ddp_timeout (30 minutes by default) instead."""
@@ -165,3 +165,20 @@ def test_what_fsdp_cannot_do_is_refused_before_it_hangs(char_data, tmp_path, set
                         cwd=str(tmp_path), torchrun_procs=2, timeout=120)
     assert result.returncode != 0 and message in result.stderr
     assert not os.path.exists(os.path.join(out, "metrics.csv"))
+
+
+def test_a_run_that_samples_is_evaluated_under_fsdp_and_its_resume_is_refused_naming_the_run_s_setting(char_data,
+                                                                                                          tmp_path):
+    out = str(tmp_path / "out")
+    train(char_data, out, tmp_path, 1, max_iters=4, sample_interval=1, sample_tokens=5)
+    fsdp = ["--backend=gloo", "--device=cpu", "--parallelism=fsdp", "--eval_iters=2"]
+    evaluated = run_script("train.py", f"--out_dir={out}", "--init_from=resume", "--eval_only=True", *fsdp,
+                           cwd=str(tmp_path), torchrun_procs=2)  # an eval_only run neither samples nor scores
+    assert evaluated.returncode == 0 and os.path.exists(os.path.join(out, "eval.json")), evaluated.stderr
+    resumed = run_script("train.py", f"--out_dir={out}", "--init_from=resume", "--max_iters=8", *fsdp,
+                         cwd=str(tmp_path), torchrun_procs=2)
+    assert resumed.returncode != 0
+    assert resumed.stderr.splitlines()[-1].endswith(
+        "error: sample_interval=1 is not available with parallelism='fsdp' yet: set 0, and sample or evaluate the "
+        "checkpoint with sample.py or eval.py; sample_interval is the run's own (a resume keeps each setting it is "
+        "not given): give --sample_interval=... for another"), resumed.stderr
