@@ -7,7 +7,6 @@ A dataset folder holds meta.json (written by data/prepare.py and the data/*/prep
 token files; nanoGPT's layout (train.bin and val.bin as uint16, maybe meta.pkl) is read too.
 """
 import errno
-import glob
 import json
 import mmap
 import numbers
@@ -29,8 +28,8 @@ META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.js
 
 def write_meta(out_dir: str, meta: dict):
     """Finish a prepare: rename its token files from their .tmp names into place, write meta.json, then delete
-    token files of the same splits that an earlier prepare left behind (named as a prepare names them,
-    {split}.bin or {split}_000.bin, ...; a user's train_backup.bin stays), and an earlier meta.pkl. Called only
+    the token files of the earlier dataset that the new one does not reuse: those its meta.json listed, and
+    nanoGPT's {split}.bin (a user's train_backup.bin or train_2024.bin stays), and an earlier meta.pkl. Called only
     when the whole job has succeeded, so a failed prepare leaves the earlier dataset as it was. The files reach
     the disk first, which can take minutes for gigabytes, while the earlier dataset is still whole; then the
     renames and meta.json take milliseconds, and a Ctrl-C or SIGTERM in them waits for their end, so that no
@@ -39,6 +38,13 @@ def write_meta(out_dir: str, meta: dict):
     if problem:
         raise ValueError(f"meta.json {problem}")
     keep = {name for split in meta["splits"].values() for name in split["files"]}
+    try:
+        earlier = read_meta(out_dir) or {"splits": {}}
+    except (UserError, OSError):  # torn, or another tool's: its files are not known to be a dataset's
+        earlier = {"splits": {}}
+    listed = {name for split in earlier["splits"].values() for name in split["files"]} | \
+        {f"{split}.bin" for split in meta["splits"]}
+    stale = sorted(name for name in listed - keep if token_file_split(name) in meta["splits"])  # never ../ or ckpt.pt
     staged = [os.path.join(out_dir, name) for name in sorted(keep) if os.path.exists(os.path.join(out_dir, name + ".tmp"))]
     for path in staged:
         fd = os.open(path + ".tmp", os.O_RDONLY)
@@ -53,11 +59,9 @@ def write_meta(out_dir: str, meta: dict):
             json.dump(meta, f, indent=1)
         if os.path.exists(os.path.join(out_dir, "meta.pkl")):  # nanoGPT's vocabulary of the tokens just replaced
             os.remove(os.path.join(out_dir, "meta.pkl"))  # (the char prepare puts its new one in place after this)
-        for split in meta["splits"]:
-            for stale in glob.glob(os.path.join(glob.escape(out_dir), f"{split}*.bin")):
-                name = os.path.basename(stale)
-                if token_file_split(name) == split and name not in keep:
-                    os.remove(stale)
+        for name in stale:
+            if os.path.isfile(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
 
 
 @contextmanager

@@ -76,11 +76,12 @@ def test_shards_hold_the_same_tokens_as_one_file(tmp_path):
     assert np.array_equal(read_split(tmp_path / "whole", "train", whole), read_split(tmp_path / "sharded", "train", sharded))
     # preparing again without shards removes the old shard files, and only those: not a file of the user's; and
     # an earlier meta.pkl (nanoGPT's vocabulary file, which its own scripts would read for the new tokens)
-    (tmp_path / "sharded" / "train_backup.bin").write_bytes(b"mine")
+    for name in ("train_backup.bin", "train_2024.bin"):  # the second named like a shard, but no prepare's listed it
+        (tmp_path / "sharded" / name).write_bytes(b"mine")
     (tmp_path / "sharded" / "meta.pkl").write_bytes(b"a character prepare's")
     run_prepare([str(tmp_path / "corpus")], tmp_path / "sharded", val_fraction=0.1)
     assert not (tmp_path / "sharded" / "train_000.bin").exists() and (tmp_path / "sharded" / "train.bin").exists()
-    assert (tmp_path / "sharded" / "train_backup.bin").read_bytes() == b"mine"
+    assert all((tmp_path / "sharded" / name).read_bytes() == b"mine" for name in ("train_backup.bin", "train_2024.bin"))
     assert not (tmp_path / "sharded" / "meta.pkl").exists()
 
 
