@@ -425,6 +425,9 @@ if __name__ == "__main__":
                      "with --eval_only=True)", always=True)
         leave_distributed(world_size)  # every rank read the same checkpoint (checked above), so every rank ends here
         sys.exit(0)
+    if checkpoint is not None and checkpoint["iter_num"] > max_iters and not (eval_only or dry_run):  # a stop's save
+        report.print(f"the checkpoint is at iter {checkpoint['iter_num']}, past max_iters {max_iters}: the run ends "
+                     "there, with its final evaluation and save (raise --max_iters to train it further)", always=True)
     if fsdp:  # every rank runs every forward pass under FSDP (each gathers weights from all): no rank may do fewer
         if eval_iters % world_size:
             raise UserError(f"eval_iters={eval_iters} is not divisible by the world size {world_size}: under FSDP "

@@ -169,6 +169,12 @@ def test_a_stop_before_the_first_log_line_still_counts_its_steps_in_the_summary(
         summary = json.load(f)
     assert summary["stopped_by_signal"] and 4 <= summary["iters"] < 1000
     assert summary["mean_tokens_per_sec"] > 0  # the steps' time is counted, though no log line took it
+    # resumed with a max_iters below where it stopped: it ends there, evaluated, and says so
+    ended = run_script("train.py", f"--out_dir={out}", "--init_from=resume", "--max_iters=2", cwd=str(tmp_path))
+    stopped_at = summary["iters"]
+    assert ended.returncode == 0 and f"the checkpoint is at iter {stopped_at}, past max_iters 2: the run ends there, " \
+        "with its final evaluation and save" in ended.stdout, ended.stderr
+    assert max(int(r["iter"]) for r in read_metrics(out) if r["val_loss"]) == stopped_at
 
 
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
