@@ -51,7 +51,7 @@ def read_examples(path: str) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                item = json.loads(line.decode("utf-8"))
+                item = json.loads(line.decode("utf-8-sig" if n == 1 else "utf-8"))  # a byte order mark may start it
                 ok = (isinstance(item["ctx"], str) and item["ctx"] != "" and isinstance(item["endings"], list)
                       and len(item["endings"]) == 4 and all(isinstance(e, str) for e in item["endings"])
                       and item["label"] in (0, 1, 2, 3, "0", "1", "2", "3")  # a string: as Hugging Face's copy

@@ -120,6 +120,14 @@ def test_labels_given_as_strings_read_as_ints(tmp_path):
         read_examples(str(strings))
 
 
+def test_a_byte_order_mark_starts_a_hellaswag_file_without_breaking_its_first_item(tmp_path):
+    """Editors on Windows and some exports start UTF-8 with a byte order mark; later lines have none."""
+    plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
+    write_jsonl(plain, ITEMS)
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert read_examples(str(marked)) == read_examples(str(plain))
+
+
 def save_unigram_checkpoint(path: str):
     """unigram_model as a checkpoint that eval.py reads with --init_from=PATH, its characters kept in it."""
     model = unigram_model()
