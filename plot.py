@@ -46,6 +46,14 @@ def smooth(values: list[float], weight: float) -> list[float]:
     return out
 
 
+def lone_points(values: list[float]) -> list[int]:
+    """The indices of finite values with no finite neighbour, which a line alone does not draw: a run's one logged
+    step, or a value between skipped steps' NaNs."""
+    finite = [math.isfinite(v) for v in values]
+    return [k for k, f in enumerate(finite)
+            if f and not (k > 0 and finite[k - 1]) and not (k + 1 < len(finite) and finite[k + 1])]
+
+
 def line_colors(n_runs: int, cycle: list, colormap) -> list:
     """2 * n_runs distinct colours, the train lines' then the val lines': matplotlib's cycle while it has enough
     (10), else evenly spaced along colormap."""
@@ -76,8 +84,10 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
             color = colors[i]
             if column in series:
                 x, y = zip(*series[column])
-                ax.plot(x, smooth(list(y), smoothing) if column == "loss" else y, color=color, label=name, lw=1.2,
-                        alpha=0.8)
+                y = smooth(list(y), smoothing) if column == "loss" else list(y)
+                lone = lone_points(y)
+                ax.plot(x, y, color=color, label=name, lw=1.2, alpha=0.8,
+                        **({"marker": "o", "ms": 3, "markevery": lone} if lone else {}))
             if column == "loss" and "val_loss" in series:
                 # val in a colour no train line uses, with black-edged markers on top, so train noise never hides it
                 x, y = zip(*series["val_loss"])

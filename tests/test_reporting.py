@@ -38,6 +38,14 @@ def test_plot_gives_every_train_and_val_line_its_own_colour_however_many_runs():
         assert len(colors) == len(set(colors)) == 2 * n_runs, n_runs
 
 
+def test_plot_marks_the_points_a_line_alone_would_not_draw():
+    from plot import lone_points
+    nan = float("nan")
+    assert lone_points([3.0]) == [0]  # a run of one logged step
+    assert lone_points([nan, 1.0, nan, 2.0, 3.0, nan, 4.0]) == [1, 6]  # finite values between skipped steps
+    assert lone_points([1.0, 2.0]) == [] and lone_points([]) == []
+
+
 def test_plot_labels_runs_by_folder_name_and_by_path_where_names_collide():
     from plot import run_labels
     assert run_labels(["runs/a/", "runs/b"]) == ["a", "b"]
