@@ -50,7 +50,7 @@ from tokenizer import codec as codec_of, decodable_ids, encode_setting
 out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go [out_dir != '']
 eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last [eval_interval > 0]
 log_interval = 1  # print a progress line every this many steps [log_interval > 0]
-log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals, the summary, skipped steps, stops and a resume's changed settings) [log_format in ('text', 'json', 'quiet')]
+log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals, samples, the summary, skipped steps, stops and a resume's changed settings) [log_format in ('text', 'json', 'quiet')]
 eval_iters = 200  # batches per split in each evaluation [eval_iters > 0]
 dry_run = False  # print the memory plan, tokens per step, model size and FLOPs per token, then exit: nothing is trained or written
 eval_only = False  # evaluate a trained model once (resume or gpt2*), write out_dir/eval.json and exit; the run's own files stay as they are
