@@ -358,9 +358,11 @@ def check_block_size(data: dict, block_size: int):
     """Each split of a loaded dataset must have a file longer than block_size, to draw a window plus its target."""
     for split, files in data["splits"].items():
         longest = max(n for _, n in files)
-        if longest <= block_size:
+        if longest <= block_size:  # a window never spans two files
+            sharded = len(files) > 1
             raise UserError(f"block_size {block_size} is not shorter than the {split} split of {data['dir']} "
-                            f"({longest} tokens in its longest file): lower block_size or add data")
+                            f"({longest} tokens in its longest {'shard' if sharded else 'file'}): lower block_size or "
+                            + ("prepare it again with a larger --shard_tokens" if sharded else "add data"))
 
 
 EVAL_STREAM = 2**32  # first element of evaluation batch keys; training keys start with the (smaller) seed

@@ -247,8 +247,12 @@ def test_load_dataset_reads_shards_dtype_and_vocab_from_meta(tmp_path):
 
 
 def test_load_dataset_errors(tmp_path):
-    with pytest.raises(UserError, match="block_size 80 is not shorter than the val split"):
+    with pytest.raises(UserError, match=r"block_size 80 is not shorter than the val split .* \(80 tokens in its "
+                                         r"longest file\): lower block_size or add data$"):
         load_dataset(write_dataset(tmp_path / "short", [100], 80), 80)
+    with pytest.raises(UserError, match=r"\(120 tokens in its longest shard\): lower block_size or prepare it again "
+                                         r"with a larger --shard_tokens$"):  # the split has 220, but no window spans two
+        load_dataset(write_dataset(tmp_path / "shards", [100, 120], 200), 128)
     torn = write_dataset(tmp_path / "torn", [100], 80)
     with open(f"{torn}/val.bin", "ab") as f:
         f.write(b"\x00")
