@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from common import UserError, atomic_write, replace_durably
 import hf
-from dataset import find_dataset, vocabulary
+from dataset import declared_vocab, find_dataset
 from model import GPT, GPTConfig
 from sharding import load_optimizer_state, load_state
 
@@ -186,17 +186,18 @@ def read_model_file(path: str, dropout: float) -> tuple[GPT, dict | None, dict |
     load_model_state(model, {strip_prefixes(k): v for k, v in saved["model"].items()}, path)
     vocab = saved.get("vocabulary")
     if vocab is not None and not isinstance(vocab, dict):
-        raise UserError(f"checkpoint {path} has a vocabulary of type {type(vocab).__name__}, not the table this trainer "
-                        "writes: it is damaged")
+        raise UserError(f"checkpoint {path} has a vocabulary of type {type(vocab).__name__}, not the table this "
+                        "trainer writes: it is damaged")
     dataset = (saved.get("config") or {}).get("dataset")
     if vocab is None and isinstance(dataset, str):  # nanoGPT's: the characters are in its dataset's meta.pkl
         try:
             data_dir = find_dataset(dataset)
-            vocab = vocabulary(data_dir)
+            declared, vocab = declared_vocab(data_dir)
         except UserError:  # that dataset is not on this machine
-            vocab = None
+            declared, vocab = None, None
         chars = (vocab or {}).get("chars")
-        if chars is not None and len(chars) != model.config.vocab_size:  # nanoGPT sizes a char model to its alphabet
+        # nanoGPT sizes a char model to its alphabet; data/prepare.py's char datasets add the document separator
+        if chars is not None and model.config.vocab_size not in (len(chars), declared):
             raise UserError(f"{path} is a nanoGPT model of {model.config.vocab_size} characters, but the alphabet of "
                             f"its dataset {data_dir} has {len(chars)}: that folder holds another text now; prepare the "
                             "text the model was trained on there")

@@ -331,6 +331,23 @@ def test_a_nanogpt_checkpoint_whose_dataset_now_holds_another_alphabet_or_gpt2_t
         load_trained(str(tmp_path / "nano.pt"), "")
 
 
+def test_a_checkpoint_without_its_vocabulary_of_a_char_dataset_with_a_separator_loads(run, tmp_path):
+    """Our checkpoints from before the vocabulary was kept in them, of a data/prepare.py char dataset, whose
+    vocabulary is its characters and one id more, the document separator: the same dataset, not another text."""
+    saved = torch.load(os.path.join(run, "ckpt.pt"), map_location="cpu", weights_only=True)
+    chars = saved["vocabulary"]["chars"][:-1]  # one character fewer, and the separator's id in its place
+    data = tmp_path / "jsonl_chars"
+    data.mkdir()
+    with open(data / "meta.json", "w") as f:
+        json.dump({"tokenizer": "char", "chars": chars, "vocab_size": len(chars) + 1, "eot_token": len(chars),
+                   "dtype": "uint16",
+                   "splits": {s: {"files": [f"{s}.bin"], "file_tokens": [100]} for s in ("train", "val")}}, f)
+    old = {k: v for k, v in saved.items() if k != "vocabulary"}
+    torch.save({**old, "config": {**saved["config"], "dataset": str(data)}}, tmp_path / "old.pt")
+    model, vocab = load_trained(str(tmp_path / "old.pt"), "")[:2]
+    assert vocab["chars"] == chars and model.config.vocab_size == len(chars) + 1
+
+
 @pytest.mark.slow
 def test_a_run_from_a_checkpoint_takes_and_records_its_shape_and_refuses_another(run, char_data, tmp_path):
     flags = [f"--dataset={char_data}", "--device=cpu", "--compile=False", "--max_iters=1", "--eval_iters=1",
