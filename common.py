@@ -11,8 +11,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
+import threading
 import traceback
 from contextlib import contextmanager, nullcontext
 
@@ -379,6 +381,28 @@ def replace_durably(tmp: str, path: str):
                             "could still lose it: check the disk") from None
     finally:
         os.close(directory)
+
+
+@contextmanager
+def signals_deferred():
+    """Run the block with SIGINT and SIGTERM held back: one that comes meanwhile is raised again at its end, to the
+    handler that was there. In the main thread only, where Python runs signal handlers; elsewhere, as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    held = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in held.items():
+        if handler is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(sig, lambda signum, _: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 @contextmanager

@@ -13,15 +13,12 @@ import numbers
 import os
 import pickle
 import re
-import signal
-import threading
 from collections import deque
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 
 import numpy as np
 
-from common import UserError, atomic_write, read_json
+from common import UserError, atomic_write, read_json, signals_deferred
 
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.json has; readers may need more
 
@@ -62,28 +59,6 @@ def write_meta(out_dir: str, meta: dict):
         for name in stale:
             if os.path.isfile(os.path.join(out_dir, name)):
                 os.remove(os.path.join(out_dir, name))
-
-
-@contextmanager
-def signals_deferred():
-    """Run the block with SIGINT and SIGTERM held back: one that comes meanwhile is raised again at its end, to the
-    handler that was there. In the main thread only, where Python runs signal handlers; elsewhere, as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught = []
-    held = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig, handler in held.items():
-        if handler is not None:  # None: a handler not set from Python, which cannot be put back
-            signal.signal(sig, lambda signum, _: caught.append(signum))
-    try:
-        yield
-    finally:
-        for sig, handler in held.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-        if caught:
-            signal.raise_signal(caught[0])
 
 
 def token_file_split(name: str) -> str | None:
