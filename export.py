@@ -19,7 +19,7 @@ import torch
 
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
-from common import UserError, excepthook
+from common import UserError, excepthook, signals_deferred
 from hf import to_transformers, write_tokenizer
 
 init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
@@ -84,14 +84,15 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
                 logging.enable_progress_bar()
         tokenizer = write_tokenizer(vocab, model.config.vocab_size, staged)
         files = sorted(os.listdir(staged))
-        if os.path.exists(folder):  # moved aside, not deleted, until the new folder is in place
-            os.replace(folder, os.path.join(tmp, "old"))
-        try:
-            os.replace(staged, folder)
-        except OSError:  # put the earlier export back before tmp, which now holds it, is removed
-            if os.path.exists(os.path.join(tmp, "old")):
-                os.replace(os.path.join(tmp, "old"), folder)
-            raise
+        with signals_deferred():  # a Ctrl-C between the two renames would delete the earlier export with tmp
+            if os.path.exists(folder):  # moved aside, not deleted, until the new folder is in place
+                os.replace(folder, os.path.join(tmp, "old"))
+            try:
+                os.replace(staged, folder)
+            except OSError:  # put the earlier export back before tmp, which now holds it, is removed
+                if os.path.exists(os.path.join(tmp, "old")):
+                    os.replace(os.path.join(tmp, "old"), folder)
+                raise
     params = sum(p.numel() for p in model.parameters())
     return (f"wrote {folder}: {type(hf_model).__name__} ({params / 1e6:.2f}M parameters, {dtype}) and {tokenizer}; "
             f"files {', '.join(files)}")

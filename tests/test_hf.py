@@ -137,6 +137,31 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeyp
         export(random_model(), vocab, str(tmp_path / "a_file" / "hf"), "float32", False)
 
 
+def test_a_ctrl_c_while_an_export_replaces_another_waits_for_the_new_one_to_be_in_place(tmp_path, monkeypatch):
+    """Between moving the earlier export aside and renaming the new one in, a Ctrl-C would remove the staging
+    folder, which by then holds the earlier export: neither would be left."""
+    import signal
+    vocab = {"tokenizer": "char", "chars": "abcdefghij"}
+    folder = str(tmp_path / "hf")
+    export(random_model(), vocab, folder, "float32", False)
+    os_replace = os.replace
+
+    def replace_then_ctrl_c(src, dst):
+        os_replace(src, dst)
+        if src == folder:  # the earlier export moved aside
+            signal.raise_signal(signal.SIGINT)
+    monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
+    second = random_model(bias=False)
+    with pytest.raises(KeyboardInterrupt):
+        export(second, vocab, folder, "float32", True)
+    monkeypatch.undo()
+    idx = torch.randint(10, (1, 16))
+    with torch.no_grad():
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()(idx).logits
+    assert (logits_of(second, idx) - theirs).abs().max() < 1e-5  # the new export, whole
+    assert not any(n.startswith(".export-") for n in os.listdir(tmp_path))
+
+
 def test_unknown_names_are_refused():
     with pytest.raises(UserError, match="unknown pretrained model 'gpt3'"):
         hf.load("gpt3")
