@@ -20,7 +20,7 @@ import torch
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import UserError, excepthook, signals_deferred
-from hf import to_transformers, write_tokenizer
+from hf import no_progress_bars, to_transformers, write_tokenizer
 
 init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
 out_dir = "out"  # where the checkpoint is, with init_from='resume'
@@ -74,14 +74,8 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
     os.makedirs(parent, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent, prefix=".export-") as tmp:
         staged = os.path.join(tmp, "model")
-        from transformers.utils import logging
-        bar = logging.is_progress_bar_enabled()
-        logging.disable_progress_bar()  # its bar (in a log, a line of control characters): the last line says it all
-        try:
+        with no_progress_bars():  # the last line says what was written
             hf_model.save_pretrained(staged)
-        finally:
-            if bar:
-                logging.enable_progress_bar()
         tokenizer = write_tokenizer(vocab, model.config.vocab_size, staged)
         files = sorted(os.listdir(staged))
         with signals_deferred():  # a Ctrl-C between the two renames would delete the earlier export with tmp

@@ -9,6 +9,7 @@ is already Hugging Face's (rotate-half), so no weight is permuted.
 """
 import dataclasses
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -28,6 +29,20 @@ def transformers_module():
     except ImportError:
         raise UserError("this needs Hugging Face transformers: pip install transformers") from None
     return transformers
+
+
+@contextmanager
+def no_progress_bars():
+    """transformers' progress bars off for the block: in a log they are lines of control characters, and the
+    scripts' own line says what was read or written."""
+    from transformers.utils import logging
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
 
 
 def hf_family(config: GPTConfig) -> str:
@@ -223,7 +238,8 @@ def load(name: str, dropout: float = 0.0) -> GPT:
         cls = {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM}.get(kind)
         if cls is None:
             raise UserError(f"{name} holds a transformers {kind!r} model: only GPT-2 and LLaMA models load")
-        hf_model = cls.from_pretrained(name)
+        with no_progress_bars():
+            hf_model = cls.from_pretrained(name)
     except OSError as e:  # no network; in a folder, a file transformers cannot parse (config.json cut short)
         if os.path.isdir(name):
             raise UserError(f"could not read the model in {name} ({e.__class__.__name__}: {str(e)[:200]}): the folder "
