@@ -74,11 +74,22 @@ SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
 ARCH_KEYS = ("pos_emb", "rope_theta", "norm", "mlp", "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")
 
 
-def architecture(model_args: dict) -> dict:
+def architecture(model_args: dict, path: str = "") -> dict:
     """The model-defining settings of a checkpoint's model_args (SHAPE_KEYS and ARCH_KEYS), with GPTConfig's
-    defaults for ARCH_KEYS that an older checkpoint lacks."""
+    defaults for ARCH_KEYS that an older checkpoint lacks; a UserError naming the checkpoint at path when one
+    is not of the type GPTConfig's is (an int is fine where a float is)."""
     defaults = GPTConfig()
-    return {k: model_args[k] if k in model_args else getattr(defaults, k) for k in (*SHAPE_KEYS, *ARCH_KEYS)}
+    args = {k: model_args[k] if k in model_args else getattr(defaults, k) for k in (*SHAPE_KEYS, *ARCH_KEYS)}
+
+    def fits(value, default) -> bool:
+        if isinstance(default, bool) or isinstance(value, bool):
+            return isinstance(value, bool) and isinstance(default, bool)
+        return isinstance(value, (int, float) if isinstance(default, float) else type(default))
+    wrong = [f"{k}={v!r}" for k, v in args.items() if not fits(v, getattr(defaults, k))]
+    if wrong:
+        raise UserError(f"checkpoint {path} has model_args {', '.join(wrong)}, not of the types this trainer writes: it "
+                        "is damaged, or not written by this trainer or nanoGPT")
+    return args
 
 
 def read_file(path: str):
@@ -110,6 +121,7 @@ def load_checkpoint(path: str) -> dict:
     if missing:
         raise UserError(f"checkpoint {path} lacks {missing}: it is from an older version or another trainer (nanoGPT): "
                         f"start a new run from its weights with --init_from={path}")
+    architecture(checkpoint["model_args"], path)  # of the types the model takes, or an error line naming them
     return checkpoint
 
 
@@ -178,9 +190,10 @@ def read_model_file(path: str, dropout: float) -> tuple[GPT, dict | None, dict |
     missing = [k for k in SHAPE_KEYS if k not in saved["model_args"]]
     if missing:
         raise UserError(f"checkpoint {path} lacks model_args {missing}")
+    args = architecture(saved["model_args"], path)
     try:
-        model = GPT(GPTConfig(**architecture(saved["model_args"]), dropout=dropout))
-    except (TypeError, ValueError) as e:  # GPTConfig's checks, or a value of the wrong type (vocab_size 65.0)
+        model = GPT(GPTConfig(**args, dropout=dropout))
+    except ValueError as e:  # GPTConfig's checks: pos_emb 'alibi', n_embd 33 with n_head 2, ...
         raise UserError(f"checkpoint {path} has model_args that build no model ({e}): it is damaged, or not "
                         "written by this trainer or nanoGPT") from None
     load_model_state(model, {strip_prefixes(k): v for k, v in saved["model"].items()}, path)
