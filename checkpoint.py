@@ -87,8 +87,8 @@ def architecture(model_args: dict, path: str = "") -> dict:
         return isinstance(value, (int, float) if isinstance(default, float) else type(default))
     wrong = [f"{k}={v!r}" for k, v in args.items() if not fits(v, getattr(defaults, k))]
     if wrong:
-        raise UserError(f"checkpoint {path} has model_args {', '.join(wrong)}, not of the types this trainer writes: it "
-                        "is damaged, or not written by this trainer or nanoGPT")
+        raise UserError(f"checkpoint {path} has model_args {', '.join(wrong)}, not of the types this trainer "
+                        "writes: it is damaged, or not written by this trainer or nanoGPT")
     return args
 
 
