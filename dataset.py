@@ -23,10 +23,11 @@ from common import UserError, atomic_write, read_json, signals_deferred
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.json has; readers may need more
 
 
-def write_meta(out_dir: str, meta: dict):
+def write_meta(out_dir: str, meta: dict, meta_pkl: bool = False):
     """Finish a prepare: rename its token files from their .tmp names into place, write meta.json, then delete
     the token files of the earlier dataset that the new one does not reuse: those its meta.json listed, and
-    nanoGPT's {split}.bin (a user's train_backup.bin or train_2024.bin stays), and an earlier meta.pkl. Called only
+    nanoGPT's {split}.bin (a user's train_backup.bin or train_2024.bin stays), and an earlier meta.pkl, unless
+    meta_pkl: the caller staged a new one as meta.pkl.tmp, put in place with the token files. Called only
     when the whole job has succeeded, so a failed prepare leaves the earlier dataset as it was. The files reach
     the disk first, which can take minutes for gigabytes, while the earlier dataset is still whole; then the
     renames and meta.json take milliseconds, and a Ctrl-C or SIGTERM in them waits for their end, so that no
@@ -42,7 +43,8 @@ def write_meta(out_dir: str, meta: dict):
     listed = {name for split in earlier["splits"].values() for name in split["files"]} | \
         {f"{split}.bin" for split in meta["splits"]}
     stale = sorted(name for name in listed - keep if token_file_split(name) in meta["splits"])  # never ../ or ckpt.pt
-    staged = [os.path.join(out_dir, name) for name in sorted(keep) if os.path.exists(os.path.join(out_dir, name + ".tmp"))]
+    staged = [os.path.join(out_dir, name) for name in (*sorted(keep), *(["meta.pkl"] if meta_pkl else []))
+              if os.path.exists(os.path.join(out_dir, name + ".tmp"))]
     for path in staged:
         fd = os.open(path + ".tmp", os.O_RDONLY)
         try:
@@ -54,8 +56,8 @@ def write_meta(out_dir: str, meta: dict):
             os.replace(path + ".tmp", path)
         with atomic_write(os.path.join(out_dir, "meta.json")) as f:  # its folder's sync makes the renames durable too
             json.dump(meta, f, indent=1)
-        if os.path.exists(os.path.join(out_dir, "meta.pkl")):  # nanoGPT's vocabulary of the tokens just replaced
-            os.remove(os.path.join(out_dir, "meta.pkl"))  # (the char prepare puts its new one in place after this)
+        if not meta_pkl and os.path.exists(os.path.join(out_dir, "meta.pkl")):  # nanoGPT's vocabulary of the tokens
+            os.remove(os.path.join(out_dir, "meta.pkl"))  # just replaced: stale
         for name in stale:
             if os.path.isfile(os.path.join(out_dir, name)):
                 os.remove(os.path.join(out_dir, name))

@@ -28,6 +28,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import time
@@ -401,16 +402,35 @@ def refuse_to_replace(out_dir: str):
                            "--overwrite to replace it (a run trained on it resumes only on the same tokens)")
 
 
-def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict) -> dict:
-    """Write whole splits ({split: token ids}) and meta.json (meta with the splits' entries added), all or
-    nothing: on any failure the .tmp files go and the dataset that was there stays. Returns the entries."""
-    with holding(out_dir):
+@contextlib.contextmanager
+def staged_pickle(out_dir: str, name: str, obj):
+    """obj pickled to out_dir/name.tmp and flushed to the disk (a full disk shows here, before anything is
+    replaced), for write_meta to put in place; the .tmp file is gone after the block if it is still there.
+    obj None: nothing."""
+    path = os.path.join(out_dir, name + ".tmp")
+    try:
+        if obj is not None:
+            with open(path, "wb") as f:
+                pickle.dump(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+        yield
+    finally:
+        if obj is not None and os.path.exists(path):
+            os.remove(path)
+
+
+def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict, meta_pkl: dict | None = None) -> dict:
+    """Write whole splits ({split: token ids}) and meta.json (meta with the splits' entries added), and nanoGPT's
+    meta.pkl when given, all or nothing: on any failure the .tmp files go and the dataset that was there stays.
+    Returns the entries."""
+    with holding(out_dir), staged_pickle(out_dir, "meta.pkl", meta_pkl):
         writers = {split: TokenWriter(out_dir, split, ids.dtype) for split, ids in parts.items()}
         try:
             for split, ids in parts.items():
                 writers[split].write(ids)
             splits = {split: writer.finish() for split, writer in writers.items()}
-            write_meta(out_dir, {**meta, "splits": splits})
+            write_meta(out_dir, {**meta, "splits": splits}, meta_pkl=meta_pkl is not None)
         except BaseException:
             for writer in writers.values():
                 writer.discard()

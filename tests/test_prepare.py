@@ -251,6 +251,26 @@ def test_a_prepare_stopped_midway_says_so_and_leaves_the_dataset_that_was_there(
     assert not (tmp_path / "new").exists()
 
 
+def test_a_stop_while_a_character_dataset_is_put_in_place_leaves_its_meta_pkl_too(tmp_path, monkeypatch):
+    """nanoGPT's meta.pkl goes into place with the token files, in the same held moment, not after them."""
+    import pickle
+    char_prepare = load_module("data/shakespeare_char/prepare.py")
+    char_prepare.prepare("to be or not to be\n" * 50, str(tmp_path / "data"))
+    os_replace = os.replace
+
+    def replace_after_a_ctrl_c(src, dst):
+        os_replace(src, dst)
+        if dst.endswith("train.bin"):
+            signal.raise_signal(signal.SIGINT)
+    monkeypatch.setattr(os, "replace", replace_after_a_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        char_prepare.prepare("all the world's a stage\n" * 50, str(tmp_path / "data"))
+    monkeypatch.undo()
+    with open(tmp_path / "data" / "meta.pkl", "rb") as f:
+        assert "".join(pickle.load(f)["itos"].values()) == json.loads((tmp_path / "data" / "meta.json").read_text())[
+            "chars"] == "".join(sorted(set("all the world's a stage\n")))
+
+
 def test_openwebtext_checks_its_settings_before_the_download_starts(tmp_path):
     owt = load_module("data/openwebtext/prepare.py")
     calls = []

