@@ -217,10 +217,7 @@ _worker = {}  # per worker process: the tokenizer and the split settings
 
 
 def _init_worker(tokenizer: str, chars: str | None, ranks: bytes | None, val_fraction: float, seed: int):
-    # a group of its own: a terminal's Ctrl-C, or a SIGTERM to the group, reaches the parent alone, which stops the
-    # workers as a Pool can. A worker that died of it while waiting for work would hold the pool's queue lock for ever,
-    # and the parent would hang in the pool's exit
-    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the workers too: the parent stops them
     _worker.update(val_fraction=val_fraction, seed=seed)
     _worker["codec"] = CharCodec(chars) if tokenizer == "char" else encoding_from_bytes(ranks, "the parent's ranks")
 
@@ -333,14 +330,18 @@ def move_tail(old: TokenWriter, train: TokenWriter, val: TokenWriter, val_fracti
     val.write(np.concatenate(tail))
 
 
-def make_out_dir(out_dir: str):
-    """Create a dataset folder; a PrepareError when out_dir names a file."""
+def make_out_dir(out_dir: str) -> bool:
+    """Create a dataset folder (True) or find it there (False); a PrepareError when out_dir names a file."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise PrepareError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir)
+        return True
+    except FileExistsError:
+        return False
 
 
-HELD: set[str] = set()  # the folders this process holds (see holding), by real path
+HELD: dict[str, tuple[str, bool]] = {}  # real path -> (out_dir, whether this prepare made it), while held
 
 
 @contextlib.contextmanager
@@ -348,9 +349,10 @@ def holding(out_dir: str):
     """make_out_dir, then hold the folder for the block, with an flock on the folder itself (no file left in it,
     released by the kernel however the process ends): two prepares writing one folder at once would put one's
     token files beside the other's meta.json, so the second is refused. A hold inside another of the same folder
-    (a script's own files around write_dataset's) is part of it."""
+    (a script's own files around write_dataset's) is part of it. A block that fails leaves no folder it made (one
+    that another prepare made, or fills, is not this one's to remove: it is decided under the lock)."""
     import fcntl
-    make_out_dir(out_dir)
+    made = make_out_dir(out_dir)
     key = os.path.realpath(out_dir)
     if key in HELD:
         yield
@@ -366,12 +368,35 @@ def holding(out_dir: str):
         if e.errno not in NO_LOCKS:  # as common.FolderLock
             os.close(fd)
             raise
-    HELD.add(key)
+    HELD[key] = (out_dir, made)
     try:
         yield
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):  # only while it is empty: a failed prepare leaves nothing in it
+                os.rmdir(out_dir)
+        raise
     finally:
-        HELD.discard(key)
+        HELD.pop(key, None)
         os.close(fd)
+
+
+def abandon_held() -> list[str]:
+    """For a prepare stopped by a signal, which exits at once: remove the .tmp files of the folders it holds and
+    a folder it made; returns the folders removed."""
+    removed = []
+    for out_dir, made in HELD.values():
+        for name in os.listdir(out_dir):
+            base = name[:-len(".tmp")]
+            ours = token_file_split(base) in ("train", "val") or base in ("meta.json", "meta.pkl")
+            if name.endswith(".tmp") and ours:
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(out_dir, name))
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(out_dir)
+                removed.append(out_dir)
+    return removed
 
 
 def held_dataset(out_dir: str) -> str | None:
@@ -438,32 +463,28 @@ def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict, meta_p
     return splits
 
 
-class Stopped(BaseException):
-    """SIGTERM, raised where the prepare is, as Ctrl-C's KeyboardInterrupt is: the .tmp files go on the way out."""
-
-
 def run_cli(job, out_dir: str):
     """Run a prepare script's job and return what it returns; a UserError (PrepareError, a rank file that is not
-    GPT-2's) or a failed write (a full disk) ends the script with one error line, and a Ctrl-C or SIGTERM with
-    one line saying so. A job that does not finish leaves no folder it made."""
-    made = not os.path.lexists(out_dir)
-
+    GPT-2's) or a failed write (a full disk) ends the script with one error line. A Ctrl-C or SIGTERM ends it at
+    once with one line: the workers are killed, the .tmp files and a folder it made removed, and the process
+    exits 128+N without unwinding, as a Pool's shutdown can hang on a task half written to workers that are gone
+    (SIGTERM to the process group). While a finished dataset is put in place, the signal waits (dataset.write_meta)."""
     def stop(signum, _):
-        raise Stopped(signum)
+        for child in multiprocessing.active_children():
+            child.kill()
+        removed = abandon_held()
+        sys.stdout.flush()
+        print(f"stopped by {signal.Signals(signum).name}: " + (f"the folder it made, {out_dir}, is removed" if removed
+              else f"{out_dir} holds the dataset that was there, or the new one whole if the stop came as it was put "
+              "in place; no .tmp file is left"), file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+    signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    # that exit leaves the Pool's semaphores to multiprocessing's resource tracker, which removes them and would
+    # warn of them under the line above: told here, before it starts (it takes this process's -W options), not to
+    sys.warnoptions.append("ignore:resource_tracker:UserWarning")
     try:
-        try:
-            return job()
-        except BaseException:
-            if made:
-                with contextlib.suppress(OSError):  # only while it is empty: a folder it made holds nothing else
-                    os.rmdir(out_dir)
-            raise
-    except (KeyboardInterrupt, Stopped) as e:
-        signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
-        print(f"stopped by {signal.Signals(signum).name}: {out_dir} holds the dataset that was there, or the new one "
-              "whole if the stop came as it was put in place", file=sys.stderr)
-        sys.exit(128 + signum)
+        return job()
     except UserError as e:
         sys.exit(f"error: {e}")
     except OSError as e:  # the earlier dataset is still in place: new files are put there only at the end
