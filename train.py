@@ -194,6 +194,10 @@ def check_new_run(out_dir: str, overwrite: bool, init_from: str) -> list[str]:
     return old
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def kept_checkpoint(saved: tuple[str, int] | None) -> str:
     """What a run that stops on non-finite weights leaves to resume from (saved: the path and iter of the
     checkpoint last written or resumed, None when there is none)."""
@@ -722,13 +726,15 @@ if __name__ == "__main__":
                 raise UserError(f"the last evaluation (iter {iter_num}) gave val loss {losses['val']}: the weights are "
                                 f"not finite and were not saved; {kept_checkpoint(saved)}. Lower "
                                 "learning_rate, raise warmup_iters or check the data")
-            # steps skipped up to now left the weights as the last step applied made them, and those gave the
-            # non-finite steps since (a finite val loss of 1e10 included): not to be saved over ckpt.pt
+            # steps skipped up to now left the weights as the last step applied made them: one bad batch, or weights
+            # a step broke (a val loss of 1e11 is finite). Only an evaluation that beats the best tells the two apart
             streak = int(in_a_row.item())  # one sync, beside the evaluation's own
-            if final and streak:
-                raise UserError(f"the run ended in {streak} steps in a row with a non-finite loss or gradient norm: "
-                                f"the weights that gave them were not saved; {kept_checkpoint(saved)}. Lower "
-                                "learning_rate, raise warmup_iters or check the data")
+            in_doubt = streak > 0 and not improved
+            if final and in_doubt:
+                raise UserError(f"the run ended in {plural(streak, 'step')} in a row with a non-finite loss or gradient "
+                                f"norm, and its val loss {losses['val']:.4g} is no better than the best: its weights were "
+                                f"not saved; {kept_checkpoint(saved)}. Lower learning_rate, raise warmup_iters or check "
+                                "the data")
             # the sample before the save: a kill between the two then redoes both on resume, rather than neither
             if master_process and sample_interval and evals_done % sample_interval == 0:
                 if finite:
@@ -736,9 +742,10 @@ if __name__ == "__main__":
                 else:  # nothing to sample from
                     report.print(f"iter {iter_num}: no sample, the val loss is {losses['val']}", always=True)
             if iter_num > 0 and finite and (improved or always_save_checkpoint or final):
-                if streak:
-                    report.print(f"iter {iter_num}: not saved, as the last {streak} steps were skipped as non-finite; "
-                                 + kept_checkpoint(saved), always=True)
+                if in_doubt:
+                    report.print(f"iter {iter_num}: not saved, as the last {plural(streak, 'step')} were skipped as "
+                                 f"non-finite and the val loss is no better than the best; {kept_checkpoint(saved)}",
+                                 always=True)
                 else:
                     save(evaluated=True, improved=improved)
                     saved = (os.path.join(out_dir, "ckpt.pt"), iter_num)
@@ -810,12 +817,14 @@ if __name__ == "__main__":
             if stop_now:
                 if iters_since_log:  # the steps since the last log line count in the summary's times too
                     train_time += time.monotonic() - t_log
-                if streak:  # as at the end: the weights that gave the skipped steps are not saved
-                    raise UserError(f"stopped by signal at iter {iter_num}, in {int(streak)} steps in a row with a "
-                                    "non-finite loss or gradient norm: the weights that gave them were not saved; "
-                                    f"{kept_checkpoint(saved)}. Lower learning_rate, raise warmup_iters or check the data")
-                save(evaluated=False, improved=False)
-                report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume", always=True)
+                if streak:  # no evaluation to vouch for the weights: the resume goes back to the last checkpoint
+                    report.print(f"stopped by signal at iter {iter_num}, in {plural(int(streak), 'step')} in a row with "
+                                 "a non-finite loss or gradient norm: not saved; " + (f"--init_from=resume goes on "
+                                 f"from {saved[0]} at iter {saved[1]}" if saved else "no checkpoint had been written"),
+                                 always=True)
+                else:
+                    save(evaluated=False, improved=False)
+                    report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume", always=True)
                 stopped_by_signal = True
                 break
 
