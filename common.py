@@ -398,9 +398,12 @@ def signals_deferred():
     try:
         yield
     finally:
-        for sig, handler in held.items():
-            if handler is not None:
-                signal.signal(sig, handler)
+        try:  # nested, so that a signal that meets its own handler between the two still finds the other put back
+            if held[signal.SIGINT] is not None:
+                signal.signal(signal.SIGINT, held[signal.SIGINT])
+        finally:
+            if held[signal.SIGTERM] is not None:
+                signal.signal(signal.SIGTERM, held[signal.SIGTERM])
         if caught:
             signal.raise_signal(caught[0])
 
