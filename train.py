@@ -292,7 +292,8 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
     if warmup_iters >= lr_decay_iters and warmup_iters > 0 and schedule != "constant":
         return (f"warmup_iters {warmup_iters} is not below lr_decay_iters {lr_decay_iters}: the learning rate drops "
                 "from learning_rate to min_lr in one step after the warmup; raise lr_decay_iters (usually max_iters)")
-    if lr_decay_iters <= 1 and schedule != "constant":  # no warmup either, or the check above would have spoken
+    if (lr_decay_iters == 0 or lr_decay_iters == 1 < max_iters) and schedule != "constant":  # and no warmup, or the
+        # check above would have spoken (a one-step run with lr_decay_iters 1 takes its step at learning_rate)
         return (f"lr_decay_iters {lr_decay_iters} ends the decay at once: every step trains at min_lr"
                 + (" but the first" if lr_decay_iters else "") + ", never near learning_rate; set lr_decay_iters to "
                 "max_iters (or lr_schedule='constant' for learning_rate throughout)")

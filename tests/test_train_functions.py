@@ -67,6 +67,7 @@ def test_a_warmup_as_long_as_the_run_or_the_decay_is_named():
     assert schedule_problem(0, 1, 10, "wsd").startswith("lr_decay_iters 1 ends the decay at once: every step trains "
                                                         "at min_lr but the first")
     assert schedule_problem(0, 0, 10, "constant") is None and schedule_problem(0, 2, 10, "cosine") is None
+    assert schedule_problem(0, 1, 1, "cosine") is None  # its one step is at learning_rate
     assert schedule_problem(2000, 200, 200, "cosine").startswith(  # a quick run that kept GPT-2's warmup
         "warmup_iters 2000 is not below max_iters 200: the learning rate never reaches learning_rate")
     assert schedule_problem(100, 100, 1000, "wsd").startswith(
