@@ -38,7 +38,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
-from common import NO_LOCKS, UserError  # noqa: E402
+from common import NO_LOCKS, UserError, signals_deferred  # noqa: E402
 from dataset import read_meta, token_file_split, write_meta  # noqa: E402
 from tokenizer import EOT, encoding_from_bytes, gpt2_encoding, rank_file_bytes  # noqa: E402
 
@@ -217,7 +217,10 @@ _worker = {}  # per worker process: the tokenizer and the split settings
 
 
 def _init_worker(tokenizer: str, chars: str | None, ranks: bytes | None, val_fraction: float, seed: int):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the workers too: the parent stops them
+    # a terminal's Ctrl-C reaches the workers too: the parent stops them. Both signals came blocked from the parent
+    # (running_pool), and SIGTERM is how a Pool ends its workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     _worker.update(val_fraction=val_fraction, seed=seed)
     _worker["codec"] = CharCodec(chars) if tokenizer == "char" else encoding_from_bytes(ranks, "the parent's ranks")
 
@@ -352,33 +355,34 @@ def holding(out_dir: str):
     (a script's own files around write_dataset's) is part of it. A block that fails leaves no folder it made (one
     that another prepare made, or fills, is not this one's to remove: it is decided under the lock)."""
     import fcntl
-    made = make_out_dir(out_dir)
     key = os.path.realpath(out_dir)
     if key in HELD:
         yield
         return
-    fd = os.open(out_dir, os.O_RDONLY)
+    fd = None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise PrepareError(f"--out_dir {out_dir} is being written by another prepare: wait for it to end, or choose "
-                           "another --out_dir") from None
-    except OSError as e:  # a filesystem without locks (some NFS or FUSE mounts): write unguarded, as before
-        if e.errno not in NO_LOCKS:  # as common.FolderLock
-            os.close(fd)
-            raise
-    HELD[key] = (out_dir, made)
-    try:
+        with signals_deferred():  # a stop between making the folder and holding it would leave it behind
+            made = make_out_dir(out_dir)
+            fd = os.open(out_dir, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise PrepareError(f"--out_dir {out_dir} is being written by another prepare: wait for it to end, or "
+                                   "choose another --out_dir") from None
+            except OSError as e:  # a filesystem without locks (some NFS or FUSE mounts): write unguarded, as before
+                if e.errno not in NO_LOCKS:  # as common.FolderLock
+                    raise
+            HELD[key] = (out_dir, made)
         yield
     except BaseException:
-        if made:
+        if HELD.get(key, (None, False))[1]:
             with contextlib.suppress(OSError):  # only while it is empty: a failed prepare leaves nothing in it
                 os.rmdir(out_dir)
         raise
     finally:
         HELD.pop(key, None)
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def abandon_held() -> list[str]:
@@ -463,21 +467,39 @@ def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict, meta_p
     return splits
 
 
+class Stopped(BaseException):
+    """SIGTERM, raised where the prepare is, as Ctrl-C's KeyboardInterrupt is: what it has begun is undone on the
+    way out (a pip download's process killed, temporary files removed)."""
+
+
 def run_cli(job, out_dir: str):
     """Run a prepare script's job and return what it returns; a UserError (PrepareError, a rank file that is not
-    GPT-2's) or a failed write (a full disk) ends the script with one error line. A Ctrl-C or SIGTERM ends it at
-    once with one line: the workers are killed, the .tmp files and a folder it made removed, and the process
-    exits 128+N without unwinding, as a Pool's shutdown can hang on a task half written to workers that are gone
-    (SIGTERM to the process group). While a finished dataset is put in place, the signal waits (dataset.write_meta)."""
+    GPT-2's) or a failed write (a full disk) ends the script with one error line, and a Ctrl-C or SIGTERM with
+    one line saying what is left (exit 128+N). While worker processes run, the stop does not unwind: a Pool's
+    shutdown can hang on a task half written to workers that are gone (SIGTERM to the process group). The
+    handler then removes the .tmp files and a folder this prepare made, kills the workers and exits at once.
+    While a finished dataset is put in place, the signal waits (dataset.write_meta)."""
+    existed = os.path.lexists(out_dir)
+
+    def say(signum):
+        with contextlib.suppress(Exception):  # a reader gone (a Ctrl-C that also ended `| tee`) stops nothing here
+            sys.stdout.flush()
+            gone = not existed and not os.path.lexists(out_dir)
+            print(f"stopped by {signal.Signals(signum).name}: " + (f"{out_dir}, which was not there before, is not "
+                  "there now" if gone else f"{out_dir} holds the dataset that was there, or the new one whole if the "
+                  "stop came as it was put in place; no .tmp file is left"), file=sys.stderr, flush=True)
+
     def stop(signum, _):
-        for child in multiprocessing.active_children():
-            child.kill()
-        removed = abandon_held()
-        sys.stdout.flush()
-        print(f"stopped by {signal.Signals(signum).name}: " + (f"the folder it made, {out_dir}, is removed" if removed
-              else f"{out_dir} holds the dataset that was there, or the new one whole if the stop came as it was put "
-              "in place; no .tmp file is left"), file=sys.stderr, flush=True)
-        os._exit(128 + signum)
+        if not POOLS:  # no workers: unwinding undoes what was begun
+            raise Stopped(signum)
+        try:
+            with contextlib.suppress(Exception):  # a folder gone meanwhile
+                abandon_held()
+            say(signum)
+        finally:  # the workers last, then at once: the pool replaces a worker that dies within a tenth of a second
+            for child in multiprocessing.active_children():
+                child.kill()
+            os._exit(128 + signum)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     # that exit leaves the Pool's semaphores to multiprocessing's resource tracker, which removes them and would
@@ -485,6 +507,10 @@ def run_cli(job, out_dir: str):
     sys.warnoptions.append("ignore:resource_tracker:UserWarning")
     try:
         return job()
+    except (KeyboardInterrupt, Stopped) as e:
+        signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
+        say(signum)
+        sys.exit(128 + signum)
     except UserError as e:
         sys.exit(f"error: {e}")
     except OSError as e:  # the earlier dataset is still in place: new files are put there only at the end
@@ -495,6 +521,27 @@ def run_cli(job, out_dir: str):
                      f"dataset in {out_dir} is unchanged")
         sys.exit(f"error: cannot write the dataset to {out_dir} ({e.strerror or e}); the dataset that was there "
                  "is unchanged")
+
+
+POOLS = []  # one entry per Pool running in this process (run_cli's handler: a stop then exits without unwinding)
+
+
+@contextlib.contextmanager
+def running_pool(workers: int, init_args: tuple):
+    """A Pool of spawned workers (see _init_worker) for the block. It starts with SIGINT and SIGTERM blocked in
+    this thread, pending for run_cli's handler until the workers are listed: a stop in the middle would leave
+    one half started (its initial arguments half written)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, init_args)
+        POOLS.append(pool)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    try:
+        with pool:
+            yield pool
+    finally:
+        POOLS.remove(pool)
 
 
 def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt2", chars: str | None = None,
@@ -530,8 +577,7 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         live = sys.stderr.isatty()
         pace, lead, end = (0.5, "\r", "") if live else (PROGRESS_LOG_S, "", "\n")
         try:
-            with multiprocessing.get_context("spawn").Pool(workers, _init_worker,
-                                                           (tokenizer, chars, ranks, val_fraction, seed)) as pool:
+            with running_pool(workers, (tokenizer, chars, ranks, val_fraction, seed)) as pool:
                 pending = collections.deque()  # a few batches in flight: enough to keep workers busy, memory bounded
 
                 def drain_one():

@@ -235,7 +235,7 @@ def test_a_prepare_stopped_midway_says_so_and_leaves_the_dataset_that_was_there(
                       "--gpt2_tiktoken", gpt2_rank_file(), cwd=str(tmp_path)).returncode == 0
     before = {f: (kept / f).read_bytes() for f in os.listdir(kept)}
     for out, overwrite, said in ((kept, ["--overwrite"], f"{kept} holds the dataset that was there"),
-                                 (tmp_path / "new", [], f"the folder it made, {tmp_path / 'new'}, is removed")):
+                                 (tmp_path / "new", [], f"{tmp_path / 'new'}, which was not there before, is not there now")):
         proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "data", "prepare.py"), "--input",
                                  str(tmp_path / "big.txt"), "--out_dir", str(out), *overwrite, "--workers", "2",
                                  "--gpt2_tiktoken", gpt2_rank_file()], cwd=tmp_path, stdout=subprocess.PIPE,
