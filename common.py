@@ -363,14 +363,19 @@ class FolderLock:
         self.file.flush()
 
 
-def replace_durably(tmp: str, path: str):
-    """Flush the finished file tmp to disk, rename it over path, and make the rename itself durable: after a
-    crash at any moment, path holds the old file or the new one, whole."""
-    fd = os.open(tmp, os.O_RDONLY)
+def fsync_file(path: str):
+    """Flush the file at path to the disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_durably(tmp: str, path: str):
+    """Flush the finished file tmp to disk, rename it over path, and make the rename itself durable: after a
+    crash at any moment, path holds the old file or the new one, whole."""
+    fsync_file(tmp)
     os.replace(tmp, path)
     directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 
 import numpy as np
 
-from common import UserError, atomic_write, read_json, signals_deferred
+from common import UserError, atomic_write, fsync_file, read_json, signals_deferred
 
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.json has; readers may need more
 
@@ -46,11 +46,7 @@ def write_meta(out_dir: str, meta: dict, meta_pkl: bool = False):
     staged = [os.path.join(out_dir, name) for name in (*sorted(keep), *(["meta.pkl"] if meta_pkl else []))
               if os.path.exists(os.path.join(out_dir, name + ".tmp"))]
     for path in staged:
-        fd = os.open(path + ".tmp", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(path + ".tmp")
     with signals_deferred():
         for path in staged:
             os.replace(path + ".tmp", path)
