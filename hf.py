@@ -240,16 +240,14 @@ def load(name: str, dropout: float = 0.0) -> GPT:
             raise UserError(f"{name} holds a transformers {kind!r} model: only GPT-2 and LLaMA models load")
         with no_progress_bars():
             hf_model = cls.from_pretrained(name)
-    except OSError as e:  # no network; in a folder, a file transformers cannot parse (config.json cut short)
-        if os.path.isdir(name):
-            raise UserError(f"could not read the model in {name} ({e.__class__.__name__}: {str(e)[:200]}): the folder "
-                            "is damaged; write it again (export.py, or save_pretrained)") from e
-        raise UserError(f"could not load '{name}' ({e.__class__.__name__}): without network access, save the model "
-                        "on a machine that has it (GPT2LMHeadModel.from_pretrained(name).save_pretrained(folder)) "
-                        "and pass that folder") from e
     except UserError:
         raise
-    except Exception as e:  # a damaged file in the folder: safetensors', json's and torch's errors share no base
+    except Exception as e:  # a damaged file in the folder (an OSError too, from transformers), or no network
+        if isinstance(e, OSError) and not os.path.isdir(name):
+            raise UserError(f"could not load '{name}' ({e.__class__.__name__}): without network access, save the "
+                            "model on a machine that has it (GPT2LMHeadModel.from_pretrained(name).save_pretrained("
+                            "folder)) and pass that folder") from e
+        # safetensors', json's and torch's errors share no base
         raise UserError(f"could not read the model in {name} ({e.__class__.__name__}: {str(e)[:200]}): the folder is "
                         "damaged; write it again (export.py, or save_pretrained)") from e
     return from_transformers(hf_model, dropout)
