@@ -102,7 +102,7 @@ def test_a_llama_style_run_resumes_exactly_and_its_checkpoint_rebuilds_the_model
     assert "another model shape: mlp='relu2' (checkpoint: 'swiglu')" in clash.stderr
 
 
-def test_a_resume_under_torchrun_whose_settings_break_a_rule_stops_every_rank_with_its_line(char_data, tmp_path):
+def test_a_resume_under_torchrun_whose_settings_break_a_rule_stops_with_its_line(char_data, tmp_path):
     out = str(tmp_path / "out")  # a gloo run on the CPU: nccl meets the run's device, which the command never gave
     assert run_script("train.py", *tiny_args(char_data, out, max_iters=2), cwd=str(tmp_path)).returncode == 0
     result = run_script("train.py", f"--out_dir={out}", "--init_from=resume", "--backend=nccl", cwd=str(tmp_path),
@@ -111,7 +111,8 @@ def test_a_resume_under_torchrun_whose_settings_break_a_rule_stops_every_rank_wi
     line = ("error: backend='nccl' is not valid: backend must satisfy backend in ('auto', 'gloo') or (backend == "
             "'nccl' and device.startswith('cuda')) (with device='cpu'); device is the run's own (a resume keeps each "
             "setting it is not given): give --device=... for another\n")
-    assert result.stderr.count(line) == 2, result.stderr
+    # each rank checks and writes the line, but torchrun stops the other rank when the first exits: once or twice
+    assert result.stderr.count(line) in (1, 2), result.stderr
     odd = str(tmp_path / "odd")  # a one-process run of 3 micro-steps, resumed on two processes
     assert run_script("train.py", *tiny_args(char_data, odd, max_iters=1, gradient_accumulation_steps=3),
                       cwd=str(tmp_path)).returncode == 0
