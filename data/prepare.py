@@ -385,10 +385,9 @@ def holding(out_dir: str):
             os.close(fd)
 
 
-def abandon_held() -> list[str]:
+def abandon_held() -> None:
     """For a prepare stopped by a signal, which exits at once: remove the .tmp files of the folders it holds and
-    a folder it made; returns the folders removed."""
-    removed = []
+    a folder it made."""
     for out_dir, made in HELD.values():
         for name in os.listdir(out_dir):
             base = name[:-len(".tmp")]
@@ -399,8 +398,6 @@ def abandon_held() -> list[str]:
         if made:
             with contextlib.suppress(OSError):
                 os.rmdir(out_dir)
-                removed.append(out_dir)
-    return removed
 
 
 def held_dataset(out_dir: str) -> str | None:
