@@ -10,6 +10,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,15 @@ def gpt2_rank_file() -> str:
     if cached_ranks(cache_path()) is None:
         cache_ranks(whisper_ranks(), cache_path())
     return cache_path()
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """A SIGINT in this process raises KeyboardInterrupt, as in a terminal: a shell starts a background job
+    (`pytest &`) with SIGINT ignored, and Python then leaves it ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="session")

@@ -137,7 +137,8 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeyp
         export(random_model(), vocab, str(tmp_path / "a_file" / "hf"), "float32", False)
 
 
-def test_a_ctrl_c_while_an_export_replaces_another_waits_for_the_new_one_to_be_in_place(tmp_path, monkeypatch):
+def test_a_ctrl_c_while_an_export_replaces_another_waits_for_the_new_one_to_be_in_place(tmp_path, monkeypatch,
+                                                                                        ctrl_c_raises):
     """Between moving the earlier export aside and renaming the new one in, a Ctrl-C would remove the staging
     folder, which by then holds the earlier export: neither would be left."""
     import signal

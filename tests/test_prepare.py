@@ -194,7 +194,7 @@ def test_a_file_is_taken_as_named_and_a_folder_through_its_links_each_folder_onc
         [str(tmp_path / "corpus" / p) for p in ("b.txt", "books/old/a.txt")]
 
 
-def test_a_stop_while_a_dataset_is_put_in_place_waits_for_the_whole_of_it(tmp_path, monkeypatch):
+def test_a_stop_while_a_dataset_is_put_in_place_waits_for_the_whole_of_it(tmp_path, monkeypatch, ctrl_c_raises):
     """A Ctrl-C among the renames would leave old token files beside new ones of the same size, which nothing could
     tell apart: it is held until the new dataset is whole, then raised."""
     (tmp_path / "a.txt").write_text("ab\n\n" * 40)
@@ -253,7 +253,7 @@ def test_a_prepare_stopped_midway_says_so_and_leaves_the_dataset_that_was_there(
     assert not (tmp_path / "new").exists()
 
 
-def test_a_stop_while_a_character_dataset_is_put_in_place_leaves_its_meta_pkl_too(tmp_path, monkeypatch):
+def test_a_stop_while_a_character_dataset_is_put_in_place_leaves_its_meta_pkl_too(tmp_path, monkeypatch, ctrl_c_raises):
     """nanoGPT's meta.pkl goes into place with the token files, in the same held moment, not after them."""
     import pickle
     char_prepare = load_module("data/shakespeare_char/prepare.py")
