@@ -8,8 +8,8 @@ transformers, lm-evaluation-harness and vLLM load as they are:
 GPT-2-shaped models become GPT2LMHeadModel, LLaMA-shaped ones (rope, rmsnorm, swiglu; GQA and untied
 embeddings allowed) LlamaForCausalLM; other combinations have no transformers class and are refused. The
 folder is written beside `to` and renamed into place, so a failed export leaves no half-written folder.
---overwrite=True replaces only an earlier export (a folder with config.json and weights, and nothing of a
-training run), so a slip of --to never deletes a run.
+An empty folder is written into; --overwrite=True replaces only an earlier export (a folder with
+config.json and weights, and nothing of a training run), so a slip of --to never deletes a run.
 """
 import os
 import sys
@@ -52,12 +52,14 @@ def check_target(folder: str, overwrite: bool):
         return
     if not os.path.isdir(folder):
         raise UserError(f"--to={folder} exists and is not a folder: choose another --to")
-    if not overwrite:
-        raise UserError(f"{folder} already exists: choose another --to, or pass --overwrite=True to replace it")
     here, target = os.path.abspath(os.getcwd()), os.path.abspath(folder)
     if here == target or here.startswith(target + os.sep):
         raise UserError(f"--to={folder} is the working folder or holds it: choose another --to")
     names = os.listdir(folder)
+    if not names:  # made ahead (mkdir) for the export: nothing in it to lose
+        return
+    if not overwrite:
+        raise UserError(f"{folder} already exists: choose another --to, or pass --overwrite=True to replace it")
     weights = any(n.endswith(".safetensors") or n == "pytorch_model.bin" for n in names)
     others = [n for n in names if not (os.path.isfile(os.path.join(folder, n)) and n.endswith(EXPORT_FILES))]
     if others or "config.json" not in names or not weights:

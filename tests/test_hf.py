@@ -130,6 +130,9 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeyp
     with pytest.raises(UserError, match="is the working folder or holds it"):
         export(random_model(), vocab, ".", "float32", True)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "made").mkdir()  # an empty folder, made ahead for the export: written into, asked or not
+    export(second, vocab, str(tmp_path / "made"), "float32", False)
+    assert "config.json" in os.listdir(tmp_path / "made")
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(UserError, match="exists and is not a folder"):
         export(random_model(), vocab, str(tmp_path / "a_file"), "float32", True)
