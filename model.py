@@ -409,8 +409,12 @@ class GPT(nn.Module):
         With use_cache, the prompt is read once and each new token attends to the keys and values kept from
         before (a KV cache): the same tokens as without it, far fewer FLOPs. Once the sequence outgrows
         block_size, every position of the window would move, so each further token re-reads the last
-        block_size tokens, as without the cache: still exact, no longer faster."""
+        block_size tokens, as without the cache: still exact, no longer faster.
+
+        Logits that are not finite (damaged weights, or float16 overflowing) raise FloatingPointError at the end,
+        rather than sampling token 0 or stopping the process inside torch.multinomial."""
         cache = None
+        finite = torch.ones((), dtype=torch.bool, device=idx.device)  # read once, at the end: per token, it would wait
         for _ in range(max_new_tokens):
             if not use_cache or idx.size(1) > self.config.block_size:
                 logits, _ = self(idx[:, -self.config.block_size:])
@@ -420,6 +424,8 @@ class GPT(nn.Module):
             else:
                 logits, _ = self(idx[:, -1:], kv_cache=cache)
             logits = logits[:, -1, :n_tokens]
+            finite &= logits.isfinite().all()
+            logits = logits.nan_to_num()  # whatever is sampled now is thrown away below
             if temperature < torch.finfo(logits.dtype).tiny:  # 0, or so small that dividing by it is dividing by 0
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -431,4 +437,7 @@ class GPT(nn.Module):
                 probs = F.softmax(logits, dim=-1)
                 idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
             idx = torch.cat((idx, idx_next), dim=1)
+        if not finite:
+            raise FloatingPointError("the model's logits were not finite (inf or nan) while generating: its weights "
+                                     "are damaged, or overflow the dtype (float16 holds values up to 65504)")
         return idx

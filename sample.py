@@ -79,7 +79,11 @@ if __name__ == "__main__":
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
     with torch.no_grad(), ctx:
         for _ in range(num_samples):
-            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
-                               n_tokens=decodable_ids(vocab))
+            try:
+                y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
+                                   n_tokens=decodable_ids(vocab))
+            except FloatingPointError as e:
+                fix = "try --dtype=float32" if dtype != "float32" else "check the checkpoint"
+                raise UserError(f"{e}, sampling in {dtype}: {fix}") from None
             print(decode(y[0].tolist()))
             print("---------------")

@@ -635,11 +635,16 @@ if __name__ == "__main__":
         encode, decode = codec
         prompt = torch.tensor(encode(sample_prompt), dtype=torch.long, device=device)[None]
         raw_model.eval()
-        with torch.no_grad(), ctx:  # its own generator: sampling leaves the training RNG streams alone
-            ids = raw_model.generate(prompt, sample_tokens, temperature=0.8, top_k=200,
-                                     generator=torch.Generator(device).manual_seed(seed),
-                                     n_tokens=decodable_ids(data["vocabulary"]))
-        raw_model.train()
+        try:
+            with torch.no_grad(), ctx:  # its own generator: sampling leaves the training RNG streams alone
+                ids = raw_model.generate(prompt, sample_tokens, temperature=0.8, top_k=200,
+                                         generator=torch.Generator(device).manual_seed(seed),
+                                         n_tokens=decodable_ids(data["vocabulary"]))
+        except FloatingPointError as e:  # the evaluation has its loss; a sample is not worth the run
+            report.print(f"warning: no sample at iter {it}: {e}", always=True)
+            return
+        finally:
+            raw_model.train()
         report.sample(it, decode(ids[0].tolist()))
 
     def save(evaluated: bool, improved: bool):

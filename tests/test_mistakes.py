@@ -287,6 +287,10 @@ CASES = [
     Case("checkpoint whose weights are lists", "sample.py", ["--out_dir={tmp}/other", "--device=cpu"],
          r"checkpoint .*other/ckpt.pt holds values that are not tensors in its weights \(\['lm_head.weight'\]\): it is "
          r"damaged$", setup=edit_checkpoint(lambda c: c["model"].update({"lm_head.weight": [0.0]}))),
+    Case("checkpoint whose weights hold nan", "sample.py", ["--out_dir={tmp}/other", "--device=cpu"],
+         r"the model's logits were not finite \(inf or nan\) while generating: .*, sampling in \w+: "
+         r"(try --dtype=float32|check the checkpoint)$",
+         setup=edit_checkpoint(lambda c: c["model"]["transformer.ln_f.weight"].fill_(float("nan")))),
     Case("checkpoint whose vocabulary is a string", "eval.py", ["--out_dir={tmp}/other", "--device=cpu"],
          r"checkpoint .*other/ckpt.pt has a vocabulary of type str, not the table this trainer writes: it is damaged$",
          setup=edit_checkpoint(lambda c: c.update(vocabulary="char"))),

@@ -118,6 +118,22 @@ def test_a_tiny_positive_temperature_samples_the_greedy_token_instead_of_failing
         assert torch.equal(model.generate(idx, 6, temperature=1e-320), model.generate(idx, 6, temperature=0.0))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logits_that_are_not_finite_raise_rather_than_give_token_0_or_stop_inside_sampling(temperature):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16)).eval()
+    with torch.no_grad():
+        model.transformer.ln_f.weight[3] = float("nan")  # every logit is nan
+    idx = torch.tensor([[1, 2]])
+    with pytest.raises(FloatingPointError, match="logits were not finite"):
+        model.generate(idx, 3, temperature=temperature, top_k=5)
+    with torch.no_grad():
+        model.transformer.ln_f.weight[3] = 1e6  # overflows float16 only
+        assert torch.isfinite(model.generate(idx, 3, temperature=temperature)).all()
+        with torch.autocast("cpu", torch.float16), pytest.raises(FloatingPointError, match="float16 holds"):
+            model.generate(idx, 3, temperature=temperature)
+
+
 def test_each_gpu_name_gets_its_own_peak_not_that_of_a_name_it_contains():
     names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
              "NVIDIA H200": 989e12, "NVIDIA H200 NVL": 835e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
