@@ -68,7 +68,7 @@ dropout = 0.0  # dropout rate [0 <= dropout < 1]
 loss_chunk = 0  # as in train.py: rows of logits per chunk of the training loss; 0 computes them all at once [loss_chunk >= 0]
 activation_checkpointing = False  # as in train.py: recompute each block in backward instead of keeping its activations
 pos_emb = "learned"  # the architecture, as in train.py (see its --help) [pos_emb == 'learned' or (pos_emb == 'rope' and n_embd // n_head % 2 == 0)]
-rope_theta = 10000.0  # [rope_theta > 0]
+rope_theta = 10000.0  # [0 < rope_theta < inf]
 norm = "layernorm"  # [norm in ('layernorm', 'rmsnorm')]
 mlp = "gelu"  # [mlp in ('gelu', 'swiglu', 'relu2')]
 mlp_hidden = 0  # [mlp_hidden >= 0]

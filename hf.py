@@ -150,6 +150,15 @@ def rope_theta_of(hf) -> float:
     return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
 
 
+def config_of(**args) -> GPTConfig:
+    """GPTConfig(**args), from a transformers config.json: a value no model has (rope_theta 0) is one error line."""
+    try:
+        return GPTConfig(**args)
+    except ValueError as e:
+        raise UserError(f"the transformers config.json describes no model that model.py builds ({e}): it is "
+                        "damaged; write it again (export.py, or save_pretrained)") from None
+
+
 def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
     """Our GPT with the weights of a transformers GPT2LMHeadModel or LlamaForCausalLM."""
     hf, sd = hf_model.config, hf_model.state_dict()
@@ -162,7 +171,7 @@ def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
                             f"{hf.layer_norm_epsilon} and {scaling}: model.py computes tanh-GELU, {EPS}, and "
                             "attention scores scaled by 1/sqrt(head size) alone")
         bias = getattr(hf, "nanogpt_bias", True)
-        config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
+        config = config_of(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
                            n_embd=hf.n_embd, bias=bias, dropout=dropout, mlp_hidden=hf.n_inner or 0,
                            tie_embeddings=hf.tie_word_embeddings)  # untied: lm_head.weight is its own
         state = {k: v.t() if k.endswith(CONV1D) else v for k, v in sd.items()
@@ -180,7 +189,7 @@ def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
                             f"{head_dim}, attention_bias {hf.attention_bias}) is not one model.py computes: it needs "
                             f"silu, eps {EPS}, head_dim = hidden_size / heads (even, for rotary positions) and the "
                             "same bias setting throughout")
-        config = GPTConfig(block_size=hf.max_position_embeddings, vocab_size=hf.vocab_size, n_layer=hf.num_hidden_layers,
+        config = config_of(block_size=hf.max_position_embeddings, vocab_size=hf.vocab_size, n_layer=hf.num_hidden_layers,
                            n_head=hf.num_attention_heads, n_kv_head=hf.num_key_value_heads, n_embd=hf.hidden_size,
                            bias=hf.attention_bias, dropout=dropout, pos_emb="rope", rope_theta=rope_theta_of(hf),
                            norm="rmsnorm", mlp="swiglu", mlp_hidden=hf.intermediate_size,

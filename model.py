@@ -38,6 +38,15 @@ class GPTConfig:
     tie_embeddings: bool = True  # the output projection is the token embedding matrix (GPT-2); False: its own
 
     def __post_init__(self):
+        sizes = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")
+        bad = [f"{k} {getattr(self, k)}" for k in sizes if getattr(self, k) < 1]
+        bad += [f"{k} {getattr(self, k)}" for k in ("mlp_hidden", "n_kv_head", "loss_chunk") if getattr(self, k) < 0]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: {', '.join(sizes)} must be 1 or more, the others 0 or more")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout {self.dropout} is not in [0, 1)")
+        if not 0 < self.rope_theta < math.inf:  # nan fails it too: rotary tables of nan, and no error
+            raise ValueError(f"rope_theta {self.rope_theta} is not a positive finite number")
         choices = {"pos_emb": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu", "relu2")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:

@@ -84,7 +84,7 @@ n_embd = 768  # width of the residual stream, split evenly among the heads [n_em
 dropout = 0.0  # 0 for pretraining, try 0.1+ for finetuning [0 <= dropout < 1]
 bias = False  # biases in Linear and LayerNorm layers
 pos_emb = "learned"  # positions: 'learned' (a table, GPT-2) or 'rope' (rotary, LLaMA; needs an even head size) [pos_emb == 'learned' or (pos_emb == 'rope' and n_embd // n_head % 2 == 0)]
-rope_theta = 10000.0  # with rope: the base of the rotation frequencies [rope_theta > 0]
+rope_theta = 10000.0  # with rope: the base of the rotation frequencies [0 < rope_theta < inf]
 norm = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm' (LLaMA) [norm in ('layernorm', 'rmsnorm')]
 mlp = "gelu"  # 'gelu' (GPT-2), 'swiglu' (LLaMA) or 'relu2' (ReLU squared, modded-nanogpt) [mlp in ('gelu', 'swiglu', 'relu2')]
 mlp_hidden = 0  # MLP width; 0: 4 * n_embd, or for swiglu 8/3 * n_embd rounded up to a multiple of 64 [mlp_hidden >= 0]

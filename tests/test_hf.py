@@ -281,6 +281,12 @@ def test_a_folder_with_damaged_weights_or_config_is_a_one_line_error(tmp_path):
     (tmp_path / "hf" / "config.json").write_text("{")  # which transformers reports as an OSError, as it does no network
     with pytest.raises(UserError, match=r"could not read the model in .*hf \(OSError: .*\): the folder is damaged"):
         hf.load(folder)
+    export(random_model(**LLAMA_SHAPE), None, folder, "float32", True)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (config.get("rope_parameters") or config)["rope_theta"] = 0.0  # transformers loads it; the rotary tables are nan
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=r"config.json describes no model that model.py builds \(rope_theta 0.0 is not"):
+        hf.load(folder)
 
 
 # ---- the ways in, end to end

@@ -181,6 +181,7 @@ CASES = [
     Case("batch_size=0", "train.py", [*TRAIN, "--batch_size=0"], r"^error: batch_size=0 is not valid: .*batch_size > 0"),
     Case("block_size=0", "train.py", [*TRAIN, "--block_size=0"], r"block_size=0 is not valid"),
     Case("grad_accum=0", "train.py", [*TRAIN, "--gradient_accumulation_steps=0"], r"gradient_accumulation_steps=0 is not valid"),
+    Case("rope_theta=inf", "train.py", [*TRAIN, "--pos_emb=rope", "--rope_theta=inf"], r"rope_theta=inf is not valid"),
     Case("eval_iters=0", "train.py", [*TRAIN, "--eval_iters=0"], r"eval_iters=0 is not valid"),
     Case("eval_interval=0", "train.py", [*TRAIN, "--eval_interval=0"], r"eval_interval=0 is not valid"),
     Case("log_interval=0", "train.py", [*TRAIN, "--log_interval=0"], r"log_interval=0 is not valid"),
@@ -277,6 +278,9 @@ CASES = [
          r"checkpoint .*other/ckpt.pt has model_args that build no model \(pos_emb 'alibi' is not one of .*\): it is "
          r"damaged, or not written by this trainer or nanoGPT$",
          setup=edit_checkpoint(lambda c: c["model_args"].update(pos_emb="alibi"))),
+    Case("checkpoint whose rope_theta is 0", "sample.py", ["--out_dir={tmp}/other", "--device=cpu"],
+         r"has model_args that build no model \(rope_theta 0.0 is not a positive finite number\): it is damaged",
+         setup=edit_checkpoint(lambda c: c["model_args"].update(rope_theta=0.0))),
     Case("checkpoint whose vocab_size is a float", "export.py", ["--out_dir={tmp}/other", "--to={tmp}/hf"],
          r"checkpoint .*other/ckpt.pt has model_args vocab_size=\d+\.0, not of the types this trainer writes: it is "
          r"damaged, or not written by this trainer or nanoGPT$",

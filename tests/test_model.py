@@ -118,6 +118,14 @@ def test_a_tiny_positive_temperature_samples_the_greedy_token_instead_of_failing
         assert torch.equal(model.generate(idx, 6, temperature=1e-320), model.generate(idx, 6, temperature=0.0))
 
 
+@pytest.mark.parametrize("bad", [dict(n_head=0), dict(block_size=0), dict(vocab_size=-1), dict(mlp_hidden=-1),
+                                 dict(n_kv_head=-2), dict(dropout=1.0), dict(rope_theta=0.0), dict(rope_theta=math.nan),
+                                 dict(rope_theta=math.inf)])
+def test_a_config_no_model_has_is_a_value_error_not_a_crash_or_a_model_of_nan(bad):
+    with pytest.raises(ValueError, match=f"^{next(iter(bad))} "):
+        GPTConfig(**{"pos_emb": "rope", **bad})
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_logits_that_are_not_finite_raise_rather_than_give_token_0_or_stop_inside_sampling(temperature):
     torch.manual_seed(0)
