@@ -16,6 +16,7 @@ import hf
 from dataset import declared_vocab, find_dataset
 from model import GPT, GPTConfig
 from sharding import load_optimizer_state, load_state
+from tokenizer import decodable_ids
 
 
 def gather_rng_states(device_type: str, world_size: int) -> list[dict]:
@@ -226,9 +227,17 @@ def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, d
     name, or a transformers folder. Returns (model, its vocabulary or None for GPT-2's BPE or unknown, optimizer
     state or None)."""
     if os.path.isfile(init_from):
-        return read_model_file(init_from, dropout)
-    vocab = hf.read_vocabulary(init_from) if os.path.isdir(init_from) else None
-    return hf.load(init_from, dropout), vocab, None
+        model, vocab, optimizer_state = read_model_file(init_from, dropout)
+    else:
+        vocab = hf.read_vocabulary(init_from) if os.path.isdir(init_from) else None
+        model, optimizer_state = hf.load(init_from, dropout), None
+    chars = (vocab or {}).get("chars")
+    tokens = len(chars) if chars is not None else decodable_ids(vocab) if vocab else None
+    if tokens is not None and tokens > model.config.vocab_size:  # its ids would index past the embedding table
+        fix = "write the folder again (export.py)" if os.path.isdir(init_from) else "the checkpoint is damaged"
+        raise UserError(f"{init_from} holds a tokenizer of {tokens:,} tokens for a model of vocab_size "
+                        f"{model.config.vocab_size:,}: they are not one model's; {fix}")
+    return model, vocab, optimizer_state
 
 
 def kept_name(iter_num: int) -> str:

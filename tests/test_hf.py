@@ -287,6 +287,11 @@ def test_a_folder_with_damaged_weights_or_config_is_a_one_line_error(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match=r"config.json describes no model that model.py builds \(rope_theta 0.0 is not"):
         hf.load(folder)
+    export(random_model(), {"tokenizer": "char", "chars": "abcdefghij"}, folder, "float32", True)
+    hf.write_tokenizer({"tokenizer": "char", "chars": "".join(map(chr, range(200, 300)))}, 100, folder)  # not its own
+    with pytest.raises(UserError, match=r"holds a tokenizer of 100 tokens for a model of vocab_size 97: they are not "
+                                        r"one model's; write the folder again \(export.py\)"):
+        load_trained(folder, "")
 
 
 # ---- the ways in, end to end

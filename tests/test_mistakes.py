@@ -295,6 +295,11 @@ CASES = [
          r"the model's logits were not finite \(inf or nan\) while generating: .*, sampling in \w+: "
          r"(try --dtype=float32|check the checkpoint)$",
          setup=edit_checkpoint(lambda c: c["model"]["transformer.ln_f.weight"].fill_(float("nan")))),
+    Case("checkpoint whose characters outnumber its vocab_size", "export.py", ["--out_dir={tmp}/other", "--to={tmp}/hf"],
+         r"other/ckpt.pt holds a tokenizer of \d+ tokens for a model of vocab_size \d+: they are not one model's; "
+         r"the checkpoint is damaged$",
+         setup=edit_checkpoint(lambda c: c["vocabulary"].update(chars=c["vocabulary"]["chars"] + "".join(
+             map(chr, range(300, 400)))))),
     Case("checkpoint whose vocabulary is a string", "eval.py", ["--out_dir={tmp}/other", "--device=cpu"],
          r"checkpoint .*other/ckpt.pt has a vocabulary of type str, not the table this trainer writes: it is damaged$",
          setup=edit_checkpoint(lambda c: c.update(vocabulary="char"))),
