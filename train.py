@@ -492,6 +492,7 @@ if __name__ == "__main__":
                          data["random_access"], token_limit)
 
     # ---- model init
+    free = free_bytes(device, node_processes)  # before the model is built: on a CPU its weights take from it
     iter_num, tokens_seen, best_val_loss, best_iter = 0, 0, float("inf"), None
     model_args = dict(vocab_size=model_vocab_size(data["vocab_size"], data["vocabulary"]),  # GPT-2's 50257: 50304
                       dropout=dropout, loss_chunk=loss_chunk, activation_checkpointing=activation_checkpointing,
@@ -540,11 +541,10 @@ if __name__ == "__main__":
     if problem:
         print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
     compiled = compile and not problem
-    # the memory plan: what training will hold per device, checked against what is free before anything is big
+    # the memory plan: what training will hold per device, checked against what was free before the model
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type,
                    micro_steps=accum_steps, fsdp_reduce=fsdp_reduce, training=not eval_only, compiled=compiled)
-    free = free_bytes(device, node_processes)
     if batch_size == "auto":
         batch_size = largest_batch(model, planned, free) if free is not None else None
         if ddp:  # every process must take the same micro-batch: the one that fits on all of them
