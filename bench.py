@@ -533,7 +533,7 @@ def variants_of(config: dict, compare: str) -> dict[str, dict]:
         if fixed:
             raise UserError(f"compare={compare!r}: {text.strip()!r} sets {', '.join(fixed)}, which say how every config "
                             "is timed, not what one costs: set them outside --compare")
-        other = configurator.configure(config, flags, __file__, ignored=TRAINING_ONLY)
+        other = configurator.configure(config, flags, __file__, ignored=TRAINING_ONLY, types=config_defaults)
         if other == config:
             raise UserError(f"compare={compare!r}: {text.strip()!r} changes no setting: give flags such as "
                             "\"--compile=False\"")

@@ -167,7 +167,7 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
 
 
 def configure(config: dict, argv: list[str], script: str | None = None, ignored=(), check: bool = True,
-              given: set | None = None, quiet: bool = False) -> dict:
+              given: set | None = None, quiet: bool = False, types: dict | None = None) -> dict:
     """Return a copy of config with the config files and --key=value flags in argv applied in order, then
     check the rules of `script`'s settings (unless not `check`: a first reading whose result picks the
     defaults of the real one, or a script that checks them itself once it knows every setting's value). Keys in
@@ -175,13 +175,14 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
     -h) in argv, print the settings of `script` (see describe) and exit.
     given: a set to add the settings that argv sets explicitly to, a value equal to the default included (a
     choice, e.g. --pos_emb=learned against a checkpoint trained with rope): its flags, and what its config files
-    assign as they run. quiet: no warnings (a first reading, where the real one gives them)."""
+    assign as they run. quiet: no warnings (a first reading, where the real one gives them). types: the
+    script's defaults, whose types values must have, where config holds others (batch_size='auto')."""
     if script is not None and ("--help" in argv or "-h" in argv):
         print(describe(script, config))
         sys.exit(0)
-    defaults, config = config, dict(config)
+    defaults, config = types or config, dict(config)
     setting_rules = rules(script, config) if script is not None else {}
-    autos = {k for k, rule in setting_rules.items() if "'auto'" in rule and type(config[k]) is not str}
+    autos = {k for k, rule in setting_rules.items() if "'auto'" in rule and type(defaults[k]) is not str}
     flags, lost = {}, {}  # key: the flag that set it; and, of those, the ones a later config file set otherwise
     for arg in argv:
         if not arg.startswith("--"):

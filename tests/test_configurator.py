@@ -262,3 +262,10 @@ def test_auto_is_taken_only_where_the_rule_names_it(tmp_path):
         configure(config, ["--n_layer=auto"], str(script))
     with pytest.raises(UserError, match="'batch_size' .* must be int or 'auto'"):
         configure(config, ["--batch_size=big"], str(script))
+
+
+def test_a_bench_compare_flag_takes_the_type_of_bench_s_default_not_of_config_a_s_auto():
+    import bench
+    a = {**bench.config_defaults, "batch_size": "auto"}
+    assert bench.variants_of(a, "--batch_size=8")["B"]["batch_size"] == 8  # was the string '8', refused by the rule
+    assert bench.variants_of({**a, "batch_size": 4}, "--batch_size=auto")["B"]["batch_size"] == "auto"
