@@ -54,6 +54,13 @@ def lone_points(values: list[float]) -> list[int]:
             if f and not (k > 0 and finite[k - 1]) and not (k + 1 < len(finite) and finite[k + 1])]
 
 
+def past_zero(series: dict[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
+    """series without its points at 0 tokens (iter 0's evaluation), for a log axis, which has no 0: matplotlib
+    would put them at the axis's left edge, drawing a flat line from there that no run had."""
+    kept = {k: [(x, y) for x, y in points if x > 0] for k, points in series.items()}
+    return {k: points for k, points in kept.items() if points}
+
+
 def line_colors(n_runs: int, cycle: list, colormap) -> list:
     """2 * n_runs distinct colours, the train lines' then the val lines': matplotlib's cycle while it has enough
     (10), else evenly spaced along colormap."""
@@ -62,8 +69,8 @@ def line_colors(n_runs: int, cycle: list, colormap) -> list:
     return [colormap(k / (2 * n_runs - 1)) for k in range(2 * n_runs)]
 
 
-def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: bool = False):
-    """Draw every run's metrics into one figure at out_path."""
+def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: bool = False) -> int:
+    """Draw every run's metrics into one figure at out_path; returns how many points at 0 tokens logx left out."""
     try:
         import matplotlib
         matplotlib.use("Agg")  # files only; no display needed
@@ -74,6 +81,13 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
     for d, (_, series) in zip(out_dirs, runs):
         if not series:  # a header and no whole row: a run killed during its first append
             raise UserError(f"{metrics.metrics_path(d)} has no rows yet: nothing to plot")
+    left_out = 0
+    if logx:
+        kept = [(name, past_zero(s)) for name, s in runs]
+        left_out = sum(len(p) for _, s in runs for p in s.values()) - sum(len(p) for _, s in kept for p in s.values())
+        runs = kept
+        if not any(s for _, s in runs):
+            raise UserError("every point is at 0 tokens, where a log axis has none: leave out --logx")
     panels = [("loss", "loss (train: smoothed line, val: large markers)"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
               ("tokens_per_sec", "tokens/s"), ("mfu", "MFU")]
     panels = [p for p in panels if any(p[0] in s or (p[0] == "loss" and "val_loss" in s) for _, s in runs)]
@@ -109,6 +123,7 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
         raise UserError(f"cannot write {out_path} ({e.strerror or e}): choose another --out") from None
     finally:
         plt.close(fig)
+    return left_out
 
 
 if __name__ == "__main__":
@@ -125,9 +140,12 @@ if __name__ == "__main__":
         sys.exit(f"error: --out {out_path} does not end in .png, .pdf or .svg: name an image file (this also keeps "
                  "a run's other files from being overwritten)")
     try:
-        plot_runs(args.out_dirs, out_path, args.smooth, args.logx)
+        left_out = plot_runs(args.out_dirs, out_path, args.smooth, args.logx)
     except (UserError, ImportError) as e:
         sys.exit(f"error: {e}")
     except OSError as e:  # a metrics.csv this user may not read
         sys.exit(f"error: cannot read {e.filename} ({e.strerror or e}): check its permissions")
+    if left_out:
+        print(f"note: --logx leaves out {left_out} points at 0 tokens (iter 0's evaluation): a log axis has no 0",
+              file=sys.stderr)
     print(f"wrote {out_path}")

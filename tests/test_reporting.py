@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from conftest import ROOT, read_metrics, run_script, tiny_args
+from conftest import ROOT, load_module, read_metrics, run_script, tiny_args
 from report import read_summary
 
 
@@ -27,6 +27,26 @@ def test_plot_renders_two_runs(char_data, tmp_path):
     image = matplotlib.image.imread(png)
     assert image.shape[0] > 800 and image.shape[1] > 800  # four panels: loss, lr, grad norm, tokens/s
     assert image[..., :3].std() > 0.05  # something was drawn
+    # each run's iter-0 evaluation is at 0 tokens, which a log axis has not: left out, and said
+    assert re.search(r"^note: --logx leaves out [1-9]\d* points at 0 tokens \(iter 0's evaluation\)", result.stderr)
+
+
+def test_a_log_axis_leaves_out_the_points_at_0_tokens_which_it_would_draw_at_its_edge():
+    plot = load_module("plot.py")
+    series = {"val_loss": [(0.0, 4.2), (100.0, 3.1)], "loss": [(100.0, 3.0)], "mfu": [(0.0, 0.1)]}
+    assert plot.past_zero(series) == {"val_loss": [(100.0, 3.1)], "loss": [(100.0, 3.0)]}
+
+
+def test_plot_with_logx_of_a_run_evaluated_only_at_0_tokens_is_a_one_line_error(tmp_path):
+    import metrics
+    (tmp_path / "run").mkdir()
+    row = {c: "" for c in metrics.COLUMNS} | {"iter": "0", "tokens": "0", "val_loss": "4.2"}
+    (tmp_path / "run" / "metrics.csv").write_text(",".join(metrics.COLUMNS) + "\n" + ",".join(row.values()) + "\n")
+    assert run_script("plot.py", str(tmp_path / "run"), cwd=str(tmp_path)).returncode == 0
+    result = run_script("plot.py", str(tmp_path / "run"), "--logx", cwd=str(tmp_path))
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["error: every point is at 0 tokens, where a log axis has none: "
+                                                  "leave out --logx"]
 
 
 def test_plot_gives_every_train_and_val_line_its_own_colour_however_many_runs():
