@@ -126,6 +126,10 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         code = compile(tree, path, "exec")
     except SyntaxError as e:
         raise UserError(f"config file '{path}' line {e.lineno}: syntax error: {e.msg}") from None
+    if all(isinstance(node, ast.Pass) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+           for node in tree.body):  # saved empty, or every line commented out: the defaults would run unsaid
+        raise UserError(f"config file '{path}' sets nothing (it has no `key = value` line): write the settings in "
+                        "it, or leave it out to run on the defaults")
     for node in run_statements(tree.body):  # `batch_size: 4` and `batch_size == 4` are Python too, and set nothing
         if (isinstance(node, ast.AnnAssign) and node.value is None) or (isinstance(node, ast.Expr) and not (
                 isinstance(node.value, (ast.Constant, ast.JoinedStr))

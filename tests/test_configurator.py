@@ -139,6 +139,8 @@ def test_config_file_errors(tmp_path):
     ("c.py", "batch_size == 4\n", r"line 1: 'batch_size == 4' sets nothing"),
     ("c.yaml", "batch_size: 4\n", r"is YAML: config files are Python"),
     ("c.json", '{"batch_size": 4}\n', r"is JSON: config files are Python"),
+    ("c.py", "", r"sets nothing \(it has no `key = value` line\)"),
+    ("c.py", '"""my sweep"""\n# batch_size = 4\n', r"sets nothing \(it has no `key = value` line\)"),
 ])
 def test_a_config_file_that_would_set_nothing_is_refused(tmp_path, name, text, problem):
     """Each of these parses as Python, and ran on the defaults without a word."""
@@ -269,3 +271,4 @@ def test_a_bench_compare_flag_takes_the_type_of_bench_s_default_not_of_config_a_
     a = {**bench.config_defaults, "batch_size": "auto"}
     assert bench.variants_of(a, "--batch_size=8")["B"]["batch_size"] == 8  # was the string '8', refused by the rule
     assert bench.variants_of({**a, "batch_size": 4}, "--batch_size=auto")["B"]["batch_size"] == "auto"
+
