@@ -144,8 +144,14 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         line = next((frame.lineno for frame in reversed(traceback.extract_tb(e.__traceback__))
                      if frame.filename == path), "?")
         raise UserError(f"config file '{path}' line {line} raised {e.__class__.__name__}: {e}") from None
-    imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    imported = set()
+    for node in ast.walk(tree):
+        for alias in node.names if isinstance(node, (ast.Import, ast.ImportFrom)) else ():
+            if alias.name == "*":  # from math import *: the module's public names, which exec has imported
+                names = vars(sys.modules[node.module]) if node.module in sys.modules else {}
+                imported |= set(names.get("__all__") or (n for n in names if not n.startswith("_")))
+            else:
+                imported.add(alias.asname or alias.name.split(".")[0])
     settings = {key: value for key, value in scope.items() if not (
         key.startswith("_") or isinstance(value, types.ModuleType) or callable(value) or key in ignored
         or (key in imported and key not in config))}  # imports (from math import sqrt, pi), helpers and private

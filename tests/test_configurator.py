@@ -272,3 +272,8 @@ def test_a_bench_compare_flag_takes_the_type_of_bench_s_default_not_of_config_a_
     assert bench.variants_of(a, "--batch_size=8")["B"]["batch_size"] == 8  # was the string '8', refused by the rule
     assert bench.variants_of({**a, "batch_size": 4}, "--batch_size=auto")["B"]["batch_size"] == "auto"
 
+
+def test_a_star_import_s_names_are_imports_not_another_script_s_settings(tmp_path):
+    path = tmp_path / "c.py"
+    path.write_text("from math import *\nlearning_rate = 1e-3 * sqrt(4)\n")
+    assert configure(DEFAULTS, [str(path)])["learning_rate"] == 2e-3
