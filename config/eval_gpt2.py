@@ -2,6 +2,7 @@
 # Needs Hugging Face transformers and the weights (downloaded once); eval_iters x batch_size x 1024 tokens
 # per split, so about 4.1M tokens (500 x 8 x 1024): minutes on one GPU.
 # First run: python data/openwebtext/prepare.py (it needs `pip install datasets`).
+# Run with train.py (its eval_only mode; eval.py scores HellaSwag): python train.py config/eval_gpt2.py
 batch_size = 8
 eval_iters = 500  # more batches give a tighter estimate
 eval_only = True
