@@ -56,8 +56,8 @@ def check_target(folder: str, overwrite: bool):
     if here == target or here.startswith(target + os.sep):
         raise UserError(f"--to={folder} is the working folder or holds it: choose another --to")
     names = os.listdir(folder)
-    if not names:  # made ahead (mkdir) for the export: nothing in it to lose
-        return
+    if not names and not os.path.islink(folder) and not os.path.ismount(folder):  # made ahead (mkdir) for the
+        return  # export, nothing in it to lose: replaced as a whole, which a link or a mount point cannot be
     if not overwrite:
         raise UserError(f"{folder} already exists: choose another --to, or pass --overwrite=True to replace it")
     weights = any(n.endswith(".safetensors") or n == "pytorch_model.bin" for n in names)

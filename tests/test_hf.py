@@ -133,6 +133,11 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeyp
     (tmp_path / "made").mkdir()  # an empty folder, made ahead for the export: written into, asked or not
     export(second, vocab, str(tmp_path / "made"), "float32", False)
     assert "config.json" in os.listdir(tmp_path / "made")
+    (tmp_path / "real").mkdir()  # a link to one is not replaced, which would leave the folder linked to empty
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    with pytest.raises(UserError, match="already exists"):
+        export(second, vocab, str(tmp_path / "link"), "float32", False)
+    assert os.path.islink(tmp_path / "link")
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(UserError, match="exists and is not a folder"):
         export(random_model(), vocab, str(tmp_path / "a_file"), "float32", True)
