@@ -420,7 +420,7 @@ class GPT(nn.Module):
         block_size, every position of the window would move, so each further token re-reads the last
         block_size tokens, as without the cache: still exact, no longer faster.
 
-        Logits that are not finite (damaged weights, or float16 overflowing) raise FloatingPointError at the end,
+        Logits of nan or +inf (damaged weights, or float16 overflowing) raise FloatingPointError at the end,
         rather than sampling token 0 or stopping the process inside torch.multinomial."""
         cache = None
         finite = torch.ones((), dtype=torch.bool, device=idx.device)  # read once, at the end: per token, it would wait
@@ -433,7 +433,7 @@ class GPT(nn.Module):
             else:
                 logits, _ = self(idx[:, -1:], kv_cache=cache)
             logits = logits[:, -1, :n_tokens]
-            finite &= logits.isfinite().all()
+            finite &= (logits < math.inf).all()  # no nan or +inf; a -inf (float16's floor) has probability 0 anyway
             logits = logits.nan_to_num()  # whatever is sampled now is thrown away below
             if temperature < torch.finfo(logits.dtype).tiny:  # 0, or so small that dividing by it is dividing by 0
                 idx_next = logits.argmax(dim=-1, keepdim=True)
@@ -447,6 +447,6 @@ class GPT(nn.Module):
                 idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
             idx = torch.cat((idx, idx_next), dim=1)
         if not finite:
-            raise FloatingPointError("the model's logits were not finite (inf or nan) while generating: its weights "
-                                     "are damaged, or overflow the dtype (float16 holds values up to 65504)")
+            raise FloatingPointError("the model's logits were nan or inf while generating: its weights are damaged, "
+                                     "or overflow the dtype (float16 holds values up to 65504)")
         return idx

@@ -133,9 +133,19 @@ def test_logits_that_are_not_finite_raise_rather_than_give_token_0_or_stop_insid
     with torch.no_grad():
         model.transformer.ln_f.weight[3] = float("nan")  # every logit is nan
     idx = torch.tensor([[1, 2]])
-    with pytest.raises(FloatingPointError, match="logits were not finite"):
+    with pytest.raises(FloatingPointError, match="logits were nan or inf"):
         model.generate(idx, 3, temperature=temperature, top_k=5)
+    forward = model.forward
+
+    def floored(*args, **kwargs):  # a logit of -inf (float16's floor) is probability 0, not an error
+        logits, loss = forward(*args, **kwargs)
+        logits[..., 4] = -math.inf
+        return logits, loss
     with torch.no_grad():
+        model.transformer.ln_f.weight[3] = 1.0
+        model.forward = floored
+        assert (model.generate(idx, 20, temperature=temperature)[0, 2:] != 4).all()
+        model.forward = forward
         model.transformer.ln_f.weight[3] = 1e6  # overflows float16 only
         assert torch.isfinite(model.generate(idx, 3, temperature=temperature)).all()
         with torch.autocast("cpu", torch.float16), pytest.raises(FloatingPointError, match="float16 holds"):
