@@ -69,8 +69,17 @@ def line_colors(n_runs: int, cycle: list, colormap) -> list:
     return [colormap(k / (2 * n_runs - 1)) for k in range(2 * n_runs)]
 
 
-def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: bool = False) -> int:
-    """Draw every run's metrics into one figure at out_path; returns how many points at 0 tokens logx left out."""
+PANELS = [("loss", "loss (train: smoothed line, val: large markers)"), ("lr", "learning rate"),
+          ("grad_norm", "gradient norm"), ("tokens_per_sec", "tokens/s"), ("mfu", "MFU")]
+DRAWN = {column for column, _ in PANELS} | {"val_loss"}  # the columns the panels draw
+
+
+def drawn_points(runs: list[tuple[str, dict]]) -> int:
+    return sum(len(points) for _, series in runs for column, points in series.items() if column in DRAWN)
+
+
+def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: bool = False) -> str | None:
+    """Draw every run's metrics into one figure at out_path; returns a note on what logx left out, if anything."""
     try:
         import matplotlib
         matplotlib.use("Agg")  # files only; no display needed
@@ -81,16 +90,19 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
     for d, (_, series) in zip(out_dirs, runs):
         if not series:  # a header and no whole row: a run killed during its first append
             raise UserError(f"{metrics.metrics_path(d)} has no rows yet: nothing to plot")
-    left_out = 0
+    note = None
     if logx:
         kept = [(name, past_zero(s)) for name, s in runs]
-        left_out = sum(len(p) for _, s in runs for p in s.values()) - sum(len(p) for _, s in kept for p in s.values())
-        runs = kept
-        if not any(s for _, s in runs):
+        gone = [name for name, s in kept if not DRAWN & set(s)]
+        if len(gone) == len(runs):
             raise UserError("every point is at 0 tokens, where a log axis has none: leave out --logx")
-    panels = [("loss", "loss (train: smoothed line, val: large markers)"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
-              ("tokens_per_sec", "tokens/s"), ("mfu", "MFU")]
-    panels = [p for p in panels if any(p[0] in s or (p[0] == "loss" and "val_loss" in s) for _, s in runs)]
+        left_out = drawn_points(runs) - drawn_points(kept)
+        if left_out:
+            note = (f"--logx leaves out {left_out} point{'s' * (left_out > 1)} at 0 tokens (iter 0's "
+                    "evaluation): a log axis has no 0" + (f"; {', '.join(gone)} had no other, and is not drawn"
+                                                          if gone else ""))
+        runs = kept
+    panels = [p for p in PANELS if any(p[0] in s or (p[0] == "loss" and "val_loss" in s) for _, s in runs)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels) + 0.6), sharex=True, squeeze=False)
     colors = line_colors(len(runs), plt.rcParams["axes.prop_cycle"].by_key()["color"], matplotlib.colormaps["turbo"])
     for (column, title), ax in zip(panels, axes[:, 0]):
@@ -123,7 +135,7 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
         raise UserError(f"cannot write {out_path} ({e.strerror or e}): choose another --out") from None
     finally:
         plt.close(fig)
-    return left_out
+    return note
 
 
 if __name__ == "__main__":
@@ -140,12 +152,11 @@ if __name__ == "__main__":
         sys.exit(f"error: --out {out_path} does not end in .png, .pdf or .svg: name an image file (this also keeps "
                  "a run's other files from being overwritten)")
     try:
-        left_out = plot_runs(args.out_dirs, out_path, args.smooth, args.logx)
+        note = plot_runs(args.out_dirs, out_path, args.smooth, args.logx)
     except (UserError, ImportError) as e:
         sys.exit(f"error: {e}")
     except OSError as e:  # a metrics.csv this user may not read
         sys.exit(f"error: cannot read {e.filename} ({e.strerror or e}): check its permissions")
-    if left_out:
-        print(f"note: --logx leaves out {left_out} points at 0 tokens (iter 0's evaluation): a log axis has no 0",
-              file=sys.stderr)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     print(f"wrote {out_path}")
