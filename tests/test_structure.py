@@ -14,7 +14,7 @@ SCRIPTS = {"train", "sample", "bench", "plot", "export", "eval"} | {
 def project_imports() -> dict[str, set[str]]:
     """{file relative to ROOT: the project modules it imports}, for every .py outside tests/ and .venv/."""
     files = [f for f in glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)
-             if not os.path.relpath(f, ROOT).startswith(("tests", ".", "config"))]
+             if not os.path.relpath(f, ROOT).startswith((f"tests{os.sep}", ".", f"config{os.sep}"))]
     modules = {os.path.relpath(f, ROOT)[:-3].replace(os.sep, ".") for f in files} | SCRIPTS
     graph = {}
     for f in files:
@@ -54,3 +54,4 @@ def test_the_import_graph_has_no_cycles():
 
     for module in graph:
         visit(module)
+
