@@ -55,3 +55,15 @@ def test_the_import_graph_has_no_cycles():
     for module in graph:
         visit(module)
 
+
+def test_the_readme_s_files_table_names_each_file_s_project_imports():
+    """Its last column: the modules it names (a parenthesis says when one is imported) are the imports, exactly."""
+    import re
+    graph = project_imports()
+    modules = {f[:-3].replace(os.sep, ".") for f in graph}
+    rows = [re.match(r"\| `([\w/]+\.py)` \|.*\| ([^|]*) \|$", line.strip())
+            for line in open(os.path.join(ROOT, "README.md"), encoding="utf-8")]
+    listed = {m.group(1): m.group(2) for m in rows if m and m.group(1) in graph}
+    assert len(listed) >= 15
+    for f, text in listed.items():
+        assert set(re.findall(r"\w+", text)) & modules == graph[f], f
