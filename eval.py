@@ -2,7 +2,7 @@
 HellaSwag accuracy of a trained model or of GPT-2 (see hellaswag.py for how it is scored):
 
     python eval.py --out_dir=out-gpt2                      # the checkpoint in out_dir
-    python eval.py --init_from=gpt2 --device=cuda          # GPT-2 124M: acc_norm 0.2955
+    python eval.py --init_from=gpt2 --device=cuda          # GPT-2 124M (0.2955 acc_norm published; see README)
     torchrun --standalone --nproc_per_node=8 eval.py --init_from=gpt2-xl
     python eval.py --init_from=gpt2 --hellaswag=path/to/hellaswag_val.jsonl --limit=500
 

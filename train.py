@@ -1,12 +1,13 @@
 """
-Trains a GPT on one device, or on several with DDP. One CPU or GPU:
+Trains a GPT on one device, or on several with DDP or FSDP (parallelism=). One CPU or GPU:
 
     python train.py config/train_shakespeare_char.py --device=cpu --compile=False
 
-4 GPUs on one node, or 2 nodes of 8:
+4 GPUs on one node, or 2 nodes of 8 (the micro-steps divide among the processes: 32 of 15 for 16 of them):
 
     torchrun --standalone --nproc_per_node=4 train.py config/train_gpt2.py
-    torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=1234 train.py
+    torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=1234 train.py \
+        config/train_gpt2.py --gradient_accumulation_steps=32 --batch_size=15
     (and --node_rank=1 on the second node)
 
 The defaults below train GPT-2 124M on OpenWebText; `python train.py --help` lists them all.

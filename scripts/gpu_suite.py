@@ -2,7 +2,7 @@
 The GPU suite: checks and times everything that needs a GPU, for short borrowed slots.
 
     python scripts/gpu_suite.py --out=gpu_results                 # what fits in --budget seconds (480: 8 minutes)
-    python scripts/gpu_suite.py --out=gpu_results --only=options,nanogpt,autotune --budget=520
+    python scripts/gpu_suite.py --out=gpu_results --only=options,nanogpt,prefetch,autotune --budget=520
     python scripts/gpu_suite.py --out=gpu_results --nanogpt=PATH   # also time nanoGPT's train.py beside ours
 
 Steps, in order: env; checks (the CUDA tests and the Shakespeare char runs, side by side on the GPU, since only
