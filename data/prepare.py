@@ -446,21 +446,25 @@ def staged_pickle(out_dir: str, name: str, obj):
             os.remove(path)
 
 
-def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict, meta_pkl: dict | None = None) -> dict:
+def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict, meta_pkl: dict | None = None,
+                  overwrite: bool = True) -> dict:
     """Write whole splits ({split: token ids}) and meta.json (meta with the splits' entries added), and nanoGPT's
     meta.pkl when given, all or nothing: on any failure the .tmp files go and the dataset that was there stays.
-    Returns the entries."""
-    with holding(out_dir), staged_pickle(out_dir, "meta.pkl", meta_pkl):
-        writers = {split: TokenWriter(out_dir, split, ids.dtype) for split, ids in parts.items()}
-        try:
-            for split, ids in parts.items():
-                writers[split].write(ids)
-            splits = {split: writer.finish() for split, writer in writers.items()}
-            write_meta(out_dir, {**meta, "splits": splits}, meta_pkl=meta_pkl is not None)
-        except BaseException:
-            for writer in writers.values():
-                writer.discard()
-            raise
+    overwrite=False refuses a folder that holds a dataset (held_dataset). Returns the entries."""
+    with holding(out_dir):
+        if not overwrite:
+            refuse_to_replace(out_dir)
+        with staged_pickle(out_dir, "meta.pkl", meta_pkl):
+            writers = {split: TokenWriter(out_dir, split, ids.dtype) for split, ids in parts.items()}
+            try:
+                for split, ids in parts.items():
+                    writers[split].write(ids)
+                splits = {split: writer.finish() for split, writer in writers.items()}
+                write_meta(out_dir, {**meta, "splits": splits}, meta_pkl=meta_pkl is not None)
+            except BaseException:
+                for writer in writers.values():
+                    writer.discard()
+                raise
     return splits
 
 

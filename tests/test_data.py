@@ -4,7 +4,7 @@ import pickle
 import numpy as np
 import pytest
 
-from conftest import gpt2_rank_file, load_module, shakespeare
+from conftest import gpt2_rank_file, load_module, run_script, shakespeare
 from common import UserError
 from tokenizer import encoding_from_ranks, gpt2_encoding
 
@@ -186,3 +186,24 @@ def test_a_data_change_names_each_split_that_changed():
     assert data_change(saved, saved) == {} and data_change(None, saved) == {}  # unchanged; a checkpoint from before
     more = {**saved, "train": [["train_000.bin", 1000], ["train_001.bin", 500]]}
     assert data_change(saved, more) == {"train": "1 file of 1,000 tokens then, 2 files of 1,500 tokens now"}
+
+
+@pytest.mark.parametrize("script", ["shakespeare_char", "shakespeare"])
+def test_a_shakespeare_prepare_replaces_another_folder_s_dataset_only_with_overwrite(tmp_path, script):
+    """Its own folder's dataset it replaces (the README's command runs it again); a --out_dir given by a slip,
+    holding a dataset a run trained on, it did too."""
+    data = tmp_path / "data"
+    load_module("data/shakespeare_char/prepare.py").prepare("someone else's text\n" * 40, str(data))
+    before = {name: (data / name).read_bytes() for name in os.listdir(data)}
+    (tmp_path / "input.txt").write_text(shakespeare()["text"][:20_000])
+    args = [os.path.join("data", script, "prepare.py"), "--input", str(tmp_path / "input.txt"), "--out_dir", str(data),
+            *(["--gpt2_tiktoken", gpt2_rank_file()] if script == "shakespeare" else [])]
+    refused = run_script(*args, cwd=str(tmp_path))
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith(f"error: --out_dir {data} already holds a dataset (char, 720 train tokens")
+    assert refused.stderr.rstrip().endswith("choose another --out_dir, or add --overwrite to replace it (a run trained "
+                                            "on it resumes only on the same tokens)")
+    assert {name: (data / name).read_bytes() for name in os.listdir(data)} == before
+    replaced = run_script(*args, "--overwrite", cwd=str(tmp_path))
+    assert replaced.returncode == 0, replaced.stderr
+    assert "text given to prepare()" not in (data / "meta.json").read_text()
