@@ -176,7 +176,7 @@ class Reporter:
                               **({"hellaswag": hellaswag} if hellaswag is not None else {})}), flush=True)
         else:
             print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-                  + (f", hellaswag acc_norm {hellaswag:.4f}" if hellaswag is not None else ""))
+                  + (f", hellaswag acc_norm {hellaswag:.4f}" if hellaswag is not None else ""), flush=True)
         with writing_run_files(self.out_dir, "metrics.csv"):
             metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "val_loss": losses["val"],
                                               "train_eval_loss": losses["train"], "hellaswag": hellaswag})
@@ -196,7 +196,7 @@ class Reporter:
         else:
             at = f" at iter {result['iter']}" if result["iter"] is not None else ""  # None: not this run's step
             print(f"eval of {result['init_from']}{at}: train loss {result['train_loss']:.4f}, "
-                  f"val loss {result['val_loss']:.4f} (written to {path})")
+                  f"val loss {result['val_loss']:.4f} (written to {path})", flush=True)
 
     def step(self, it: int, max_iters: int, tokens: int, loss: float, lr: float, grad_norm: float, dt: float,
              tokens_per_sec: float, mfu: float | None, elapsed: float, steps_done: int, train_time: float):
@@ -207,7 +207,7 @@ class Reporter:
             return
         eta = train_time / steps_done * (max_iters - it) if steps_done else None if it < max_iters else 0.0
         if self.format == "text":
-            print(progress_line(it, max_iters, loss, lr, tokens_per_sec, mfu, elapsed, eta))
+            print(progress_line(it, max_iters, loss, lr, tokens_per_sec, mfu, elapsed, eta), flush=True)
         elif self.format == "json":
             print(json_text({"iter": it, "max_iters": max_iters, "loss": loss, "lr": lr, "tokens": tokens,
                               "tokens_per_sec": tokens_per_sec, "mfu": mfu, "grad_norm": grad_norm,
@@ -218,7 +218,7 @@ class Reporter:
                 and self.format == "text"):
             self.eta_announced = True
             print(f"estimated time for the remaining {max_iters - it:,} steps: {format_duration(eta)} "
-                  f"({train_time / steps_done * 1000:.1f} ms/step so far, evaluations not included)")
+                  f"({train_time / steps_done * 1000:.1f} ms/step so far, evaluations not included)", flush=True)
         with writing_run_files(self.out_dir, "metrics.csv"):
             metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "loss": loss, "lr": lr,
                                               "grad_norm": grad_norm, "dt_ms": dt * 1000,
@@ -232,7 +232,7 @@ class Reporter:
         if self.format == "json":
             print(json_text({"iter": it, "sample": text}), flush=True)
         else:
-            print(f"---- sample at iter {it} ----\n{text}\n----")
+            print(f"---- sample at iter {it} ----\n{text}\n----", flush=True)
         with writing_run_files(self.out_dir, "samples.txt"), \
                 open(os.path.join(self.out_dir, "samples.txt"), "a", encoding="utf-8") as f:
             f.write(sample_entry(it, text))
@@ -247,7 +247,7 @@ class Reporter:
         with writing_run_files(self.out_dir, "summary.json"):
             write_json(os.path.join(self.out_dir, "summary.json"), summary)
         if self.format == "json":
-            print(json_text({"summary": summary}))
+            print(json_text({"summary": summary}), flush=True)
         else:
             fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
             evaluated = summary["final_loss_iter"] is not None
@@ -262,7 +262,7 @@ class Reporter:
                   + (" (the weights it started from, so no best.pt)" if summary["best_iter"] == 0 else "") + "; "
                   + (f"{summary['mean_tokens_per_sec']:,.0f} tok/s" if summary["mean_tokens_per_sec"] else "no steps")
                   + (f", mfu {summary['mean_mfu'] * 100:.1f}%" if summary["mean_mfu"] else "")
-                  + f"; checkpoint {summary['checkpoint']}; summary in {self.out_dir}/summary.json")
+                  + f"; checkpoint {summary['checkpoint']}; summary in {self.out_dir}/summary.json", flush=True)
 
     def finish(self):
         self.wandb.finish()

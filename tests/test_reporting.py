@@ -175,6 +175,39 @@ def test_text_progress_line_and_quiet_mode(char_data, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("log_format", ["text", "quiet"])
+def test_a_run_writing_to_a_pipe_prints_each_line_as_it_happens(char_data, tmp_path, log_format):
+    """Under nohup, Slurm, `> log` or `| tee`, stdout is no terminal, and Python holds what is printed until its
+    8 KB buffer fills: an evaluation's line came many evaluations late, and a kill -9 lost it."""
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = str(tmp_path / "out")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"),
+                             *tiny_args(char_data, out, max_iters=1_000_000, log_interval=200, log_format=log_format,
+                                        eval_interval=1_000_000 if log_format == "text" else 200, eval_iters=1)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=str(tmp_path))
+    # the line that has no other after it for a while: a progress line (text), an evaluation's (quiet)
+    line, column = (b"iter 200/", "loss") if log_format == "text" else (b"step 200:", "val_loss")
+    printed = b""
+    try:
+        while not any(row["iter"] == "200" and row[column] for row in
+                      (read_metrics(out) if os.path.exists(os.path.join(out, "metrics.csv")) else [])):
+            assert proc.poll() is None
+            time.sleep(0.2)
+        # the line is printed before its row is written: it is on the pipe now, not a buffer-full later
+        while line not in printed:
+            assert select.select([proc.stdout], [], [], 30)[0], printed.decode()
+            printed += os.read(proc.stdout.fileno(), 1 << 16)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
 def test_samples_during_training_go_to_stdout_and_a_file_on_the_same_schedule_across_a_resume(char_data, tmp_path):
     out = str(tmp_path / "out")
     for max_iters, resume in ((10, "scratch"), (20, "resume")):  # every 2nd eval of iters 0, 5, 10, 15, 20
