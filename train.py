@@ -40,6 +40,7 @@ from dataset import (Prefetcher, check_block_size, data_change, eval_key, get_ba
                      read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
+from hf import has_weights
 from memory import check_fits, describe, free_bytes, largest_batch, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
@@ -364,6 +365,10 @@ if __name__ == "__main__":
         if master_process and not config["dry_run"]:  # a dry run writes nothing, so a read-only out_dir will do
             check_writable(config["out_dir"])
         if master_process and not (config["eval_only"] or config["dry_run"]):  # these two write no run files
+            if config["init_from"] != "resume" and has_weights(config["out_dir"]):  # whatever overwrite says
+                raise UserError(f"out_dir {config['out_dir']} holds a transformers model (export.py's, say), whose "
+                                "config.json a run's would replace: choose another out_dir (a finetune of it keeps "
+                                "--init_from on that folder)")
             os.makedirs(config["out_dir"], exist_ok=True)
             # taken before the checkpoint is read and held until this process ends: a second run here is refused
             lock = FolderLock(config["out_dir"])

@@ -446,6 +446,13 @@ def test_an_exported_folder_is_an_init_from_that_trains(run, char_data, tmp_path
     rows = read_metrics(tmp_path / "new")
     assert float(rows[0]["val_loss"]) == pytest.approx(final_val_loss(run), abs=1e-5)  # iter 0: the weights came in
     assert sorted(int(r["iter"]) for r in rows if r["loss"]) == [1, 2, 3]
+    before = {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)}
+    into = run_script("train.py", *tiny_args(char_data, folder, init_from=folder, max_iters=3, overwrite=True),
+                      cwd=str(tmp_path))  # a finetune "in place": its config.json would replace the model's
+    assert into.returncode == 1 and into.stderr.strip().splitlines()[-1:] == [
+        f"error: out_dir {folder} holds a transformers model (export.py's, say), whose config.json a run's would "
+        "replace: choose another out_dir (a finetune of it keeps --init_from on that folder)"], into.stderr
+    assert {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)} == before
     # and samples as the run does: its characters come back from the folder's tokenizer.json
     greedy = ["--device=cpu", "--temperature=0", "--num_samples=1", "--max_new_tokens=40", "--start=ROMEO:"]
     ours = run_script("sample.py", f"--out_dir={run}", *greedy, cwd=str(tmp_path))
