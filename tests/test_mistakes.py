@@ -452,8 +452,8 @@ CASES = [
     Case("plot over a checkpoint", "plot.py", ["{run}", "--out={run}/ckpt.pt"], r"--out .*ckpt.pt does not end in .png"),
     Case("plot smooth", "plot.py", ["{run}", "--smooth=1.5"], r"--smooth 1.5 is not in \[0, 1\)"),
     Case("plot torn last row", "plot.py", ["{run}"], None, setup=torn_row, may_create={"plot.png"}),
-    # ---- data/prepare.py and data/shakespeare_char/prepare.py, into the prepared dataset's folder (data/prepare.py
-    # with --overwrite, to reach the failures past its refusal to replace it)
+    # ---- data/prepare.py and data/shakespeare_char/prepare.py, into the prepared dataset's folder (with
+    # --overwrite, to reach the failures past their refusal to replace it)
     Case("prepare over a dataset", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{data}", "--tokenizer", "char"],
          r"--out_dir .*data already holds a dataset \(char, [\d,]+ train tokens, vocab_size \d+, from .*\): choose another "
          r"--out_dir, or add --overwrite to replace it",
@@ -488,20 +488,28 @@ CASES = [
          r"cannot write the dataset to .*data \(File too large\); the dataset that was there is unchanged",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "big.txt"), "lorem ipsum dolor\n\n" * 20_000),
          runner=file_size_limit(100_000)),
-    Case("char prepare full disk", "data/shakespeare_char/prepare.py", ["--input", "{tmp}/big.txt", "--out_dir", "{data}"],
+    Case("char prepare over a dataset", "data/shakespeare_char/prepare.py",
+         ["--input", "{tmp}/a.txt", "--out_dir", "{data}"],
+         r"--out_dir .*data already holds a dataset \(char, [\d,]+ train tokens, .*\): choose another --out_dir, or add "
+         r"--overwrite to replace it", setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "to be\n" * 100)),
+    Case("char prepare full disk", "data/shakespeare_char/prepare.py",
+         ["--input", "{tmp}/big.txt", "--out_dir", "{data}", "--overwrite"],
          r"cannot write the dataset to .*data \(File too large\)", runner=file_size_limit(100_000),
          setup=lambda tmp, run, data: write(os.path.join(tmp, "big.txt"), "lorem ipsum dolor\n\n" * 20_000)),
     Case("char prepare meta.pkl unwritable", "data/shakespeare_char/prepare.py",
-         ["--input", "{tmp}/other.txt", "--out_dir", "{data}"],
+         ["--input", "{tmp}/other.txt", "--out_dir", "{data}", "--overwrite"],
          r"cannot write the dataset to .*data \(Is a directory\); the dataset that was there is unchanged",
          setup=lambda tmp, run, data: (write(os.path.join(tmp, "other.txt"), "to be or not to be\n" * 100),
                                        os.mkdir(os.path.join(data, "meta.pkl.tmp")))),
-    Case("char prepare not utf8", "data/shakespeare_char/prepare.py", ["--input", "{tmp}/latin1.txt", "--out_dir", "{data}"],
+    Case("char prepare not utf8", "data/shakespeare_char/prepare.py",
+         ["--input", "{tmp}/latin1.txt", "--out_dir", "{data}", "--overwrite"],
          r"latin1.txt is not UTF-8 text", setup=lambda tmp, run, data: write(os.path.join(tmp, "latin1.txt"),
                                                                              "caf\xe9 au lait\n".encode("latin-1") * 50)),
-    Case("char prepare tiny text", "data/shakespeare_char/prepare.py", ["--input", "{tmp}/tiny.txt", "--out_dir", "{data}"],
+    Case("char prepare tiny text", "data/shakespeare_char/prepare.py",
+         ["--input", "{tmp}/tiny.txt", "--out_dir", "{data}", "--overwrite"],
          r"the text has 3 characters", setup=lambda tmp, run, data: write(os.path.join(tmp, "tiny.txt"), "abc")),
-    Case("char prepare missing", "data/shakespeare_char/prepare.py", ["--input", "{tmp}/nope.txt", "--out_dir", "{data}"],
+    Case("char prepare missing", "data/shakespeare_char/prepare.py",
+         ["--input", "{tmp}/nope.txt", "--out_dir", "{data}", "--overwrite"],
          r"--input .*nope.txt is not a file"),
     # ---- bench.py
     Case("bench batch_size=0", "bench.py", ["--device=cpu", "--batch_size=0"], r"batch_size=0 is not valid"),
