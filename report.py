@@ -13,7 +13,7 @@ import sys
 from contextlib import contextmanager
 
 import metrics
-from common import UserError, atomic_write, json_text, write_json
+from common import UserError, atomic_write, json_text, read_json, write_json
 
 SAMPLE_HEADING = re.compile(r"^---- iter (\d+) ----\n", re.M)  # each sample in samples.txt starts with one
 
@@ -110,6 +110,20 @@ def run_info(config: dict, argv: list[str]) -> dict:
     return {"command": " ".join([os.path.basename(sys.executable)] + argv), "git_commit": commit,
             "git_dirty": dirty, "torch": torch.__version__, "python": sys.version.split()[0],
             "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
+
+
+EVAL_ONLY_KEYS = {"init_from", "iter", "dataset", "eval_iters", "batch_size", "block_size", "train_loss", "val_loss",
+                  "time"}  # what an eval_only run writes to eval.json
+
+
+def check_eval_file(out_dir: str):
+    """An eval_only run replaces out_dir/eval.json only when it holds an earlier eval_only result (eval.py's
+    HellaSwag score may be there)."""
+    path = os.path.join(out_dir, "eval.json")
+    fix = "move it aside, or evaluate into another out_dir"
+    old = read_json(path, fix)
+    if old is not None and not (isinstance(old, dict) and set(old) == EVAL_ONLY_KEYS):
+        raise UserError(f"{path} already exists and is not an earlier result of an eval_only run: {fix}")
 
 
 def read_summary(out_dir: str) -> dict | None:

@@ -44,7 +44,7 @@ from hf import has_weights
 from memory import check_fits, describe, free_bytes, largest_batch, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
-from report import Reporter, check_wandb
+from report import Reporter, check_eval_file, check_wandb
 from sharding import full, full_state, shard
 from tokenizer import codec as codec_of, decodable_ids, encode_setting
 
@@ -364,6 +364,8 @@ if __name__ == "__main__":
             check_wandb(config["wandb_log"] and not (config["eval_only"] or config["dry_run"]))
         if master_process and not config["dry_run"]:  # a dry run writes nothing, so a read-only out_dir will do
             check_writable(config["out_dir"])
+            if config["eval_only"]:
+                check_eval_file(config["out_dir"])
         if master_process and not (config["eval_only"] or config["dry_run"]):  # these two write no run files
             if config["init_from"] != "resume" and has_weights(config["out_dir"]):  # whatever overwrite says
                 raise UserError(f"out_dir {config['out_dir']} holds a transformers model (export.py's, say), whose "

@@ -303,6 +303,9 @@ CASES = [
     Case("checkpoint whose vocabulary is a string", "eval.py", ["--out_dir={tmp}/other", "--device=cpu"],
          r"checkpoint .*other/ckpt.pt has a vocabulary of type str, not the table this trainer writes: it is damaged$",
          setup=edit_checkpoint(lambda c: c.update(vocabulary="char"))),
+    Case("eval_only over eval.py's eval.json", "train.py", [*TRAIN, "--init_from=resume", "--eval_only=True"],
+         r"eval.json already exists and is not an earlier result of an eval_only run: move it aside, or evaluate into "
+         r"another out_dir$", setup=lambda tmp, run, data: write(os.path.join(run, "eval.json"), '{"acc_norm": 0.3}')),
     Case("resume with ckpt.pt moved away", "train.py", [*RESUME, "--out_dir={tmp}/moved"],
          r"no checkpoint at .*moved/ckpt.pt: .*moved keeps ckpt_0000004.pt: --resume_from=ckpt_0000004.pt reads the "
          r"last$", setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "moved")), shutil.copy(
