@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -107,7 +108,7 @@ def run_info(config: dict, argv: list[str]) -> dict:
                                     timeout=10).stdout.strip()) if commit else None
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
-    return {"command": " ".join([os.path.basename(sys.executable)] + argv), "git_commit": commit,
+    return {"command": shlex.join([os.path.basename(sys.executable)] + argv), "git_commit": commit,
             "git_dirty": dirty, "torch": torch.__version__, "python": sys.version.split()[0],
             "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
 
@@ -124,6 +125,17 @@ def check_eval_file(out_dir: str):
     old = read_json(path, fix)
     if old is not None and not (isinstance(old, dict) and set(old) == EVAL_ONLY_KEYS):
         raise UserError(f"{path} already exists and is not an earlier result of an eval_only run: {fix}")
+
+
+def earlier_sessions(out_dir: str) -> list[dict]:
+    """The sessions of the run in out_dir so far, from its run.json (each with its command, versions and start),
+    the last with the summary.json it ended with (None: it did not finish)."""
+    fix = "move it aside (it records the run's earlier sessions)"
+    last = read_json(os.path.join(out_dir, "run.json"), fix)
+    if not isinstance(last, dict):
+        return []
+    summary = read_json(os.path.join(out_dir, "summary.json"), fix.replace("run's earlier sessions", "last session"))
+    return [*last.pop("earlier_sessions", []), {**last, "summary": summary}]
 
 
 def read_summary(out_dir: str) -> dict | None:
@@ -170,8 +182,16 @@ class Reporter:
             self.wandb, run_id = wandb, wandb.run.id
         with writing_run_files(self.out_dir, "config.json"):
             write_json(os.path.join(self.out_dir, "config.json"), dict(sorted(config.items())))
+        earlier = []  # a resume's record of the sessions before it, each with the summary.json it ended with
+        if truncate_at is not None and truncate_at >= 0:
+            earlier = earlier_sessions(self.out_dir)
         with writing_run_files(self.out_dir, "run.json"):
-            write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info})
+            write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info,
+                                                               **({"earlier_sessions": earlier} if earlier else {})})
+        if earlier:  # kept in run.json: summary.json is only ever the summary of the session that wrote it last
+            with writing_run_files(self.out_dir, "summary.json"):
+                if os.path.exists(os.path.join(self.out_dir, "summary.json")):
+                    os.remove(os.path.join(self.out_dir, "summary.json"))
         if truncate_at is not None:
             with writing_run_files(self.out_dir, "metrics.csv"):
                 metrics.truncate(self.out_dir, truncate_at)

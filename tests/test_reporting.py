@@ -251,6 +251,39 @@ def test_run_info_and_summary_files(char_data, tmp_path):
     assert re.search(r"^iter 1/8 .* ETA not known yet$", result.stdout, re.M)
 
 
+@pytest.mark.slow
+def test_a_resume_keeps_the_sessions_before_it_in_run_json_and_summary_json_is_the_last_finished_session_s(
+        char_data, tmp_path):
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = str(tmp_path / "out")
+    first = tiny_args(char_data, out, max_iters=4, eval_interval=4, wandb_run_name="my run")
+    assert run_script("train.py", *first, cwd=str(tmp_path)).returncode == 0
+    run = json.loads(open(os.path.join(out, "run.json")).read())
+    assert shlex.split(run["command"])[1:] == [os.path.join(ROOT, "train.py"), *first]  # pasted back, it runs
+    resume = tiny_args(char_data, out, max_iters=8, eval_interval=4, init_from="resume")
+    assert run_script("train.py", *resume, cwd=str(tmp_path)).returncode == 0
+    run = json.loads(open(os.path.join(out, "run.json")).read())
+    assert "--max_iters=8" in run["command"] and len(run["earlier_sessions"]) == 1
+    assert "--max_iters=4" in run["earlier_sessions"][0]["command"]
+    assert run["earlier_sessions"][0]["summary"]["iters"] == 4 and read_summary(out)["iters"] == 8
+    # a session killed before its end leaves no summary.json: the one there was the session's before
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"),
+                             *tiny_args(char_data, out, max_iters=100_000, init_from="resume")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(tmp_path))
+    while not any(int(row["iter"]) > 8 for row in read_metrics(out)):
+        assert proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert read_summary(out) is None
+    sessions = json.loads(open(os.path.join(out, "run.json")).read())["earlier_sessions"]
+    assert [s["summary"]["iters"] for s in sessions] == [4, 8]
+
+
 def test_a_session_of_one_step_takes_its_means_from_that_step(char_data, tmp_path):
     out = str(tmp_path / "out")
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=1, eval_interval=1), cwd=str(tmp_path))
