@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 
+from common import read_json
 from conftest import ROOT, Warm, load_module, made_up_text
 
 pytestmark = pytest.mark.slow  # about 100 script runs, two at a time
@@ -33,7 +34,8 @@ TINY = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_emb
         "--warmup_iters=1", "--lr_decay_iters=4", "--learning_rate=1e-3", "--min_lr=1e-4"]
 TRAIN = ["--dataset={data}", "--out_dir={run}", *TINY]  # a new run in the good run's folder: refused if it got far
 RESUME = [*TRAIN, "--init_from=resume", "--max_iters=8", "--lr_decay_iters=8"]
-RUN_LOGS = {"metrics.csv", "run.json", "config.json", "run.lock"}  # what a resumed run that trains may rewrite
+# what a resumed run that trains may rewrite; its summary.json goes into run.json's earlier_sessions (checked)
+RUN_LOGS = {"metrics.csv", "run.json", "config.json", "run.lock", "summary.json"}
 
 
 @dataclass
@@ -331,7 +333,7 @@ CASES = [
          runner=file_size_limit(48_000), may_change=RUN_LOGS),
     Case("SIGTERM with non-finite weights", "train.py",
          [*RESUME, "--max_iters=1000", "--learning_rate=1e39", "--min_lr=0", "--grad_clip=0", "--max_nonfinite_steps=1000"],
-         None, runner=sigterm_after_iter(6), may_change=RUN_LOGS | {"summary.json"}),  # stopped; ckpt.pt as it was
+         None, runner=sigterm_after_iter(6), may_change=RUN_LOGS),  # stopped; ckpt.pt as it was
     Case("non-finite steps in a row", "train.py",
          [*RESUME, "--max_iters=40", "--learning_rate=1e30", "--min_lr=0", "--grad_clip=0", "--max_nonfinite_steps=3"],
          r"3 steps in a row had a non-finite loss .* the last good checkpoint, .*ckpt.pt at iter 4, is kept",
@@ -584,6 +586,7 @@ def run_case(case: Case, data: str, run: str, base: str, warm: "Warm") -> dict:
     if case.setup:
         case.setup(tmp, folders["run"], folders["data"])
     before = {k: digests(folders[k]) for k in ("run", "data")}
+    summary = read_json(os.path.join(folders["run"], "summary.json"), "")
     fill = lambda text: text.replace("{tmp}", tmp).replace("{run}", folders["run"]).replace("{data}", folders["data"])  # noqa: E731
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", **{k: fill(v) for k, v in case.env.items()}}
     cmd = [sys.executable, os.path.join(ROOT, case.script), *map(fill, case.args)]
@@ -592,7 +595,8 @@ def run_case(case: Case, data: str, run: str, base: str, warm: "Warm") -> dict:
     else:
         result = warm.run(cmd, env, tmp)
     after = {k: digests(folders[k]) for k in ("run", "data")}
-    return {"result": result, "before": before, "after": after}
+    sessions = (read_json(os.path.join(folders["run"], "run.json"), "") or {}).get("earlier_sessions")
+    return {"result": result, "before": before, "after": after, "summary": summary, "sessions": sessions}
 
 
 @pytest.fixture(scope="module")
@@ -641,3 +645,5 @@ def test_mistake(case, outcomes):
         kept = {name for name in before if name not in case.may_change}
         assert {n: after.get(n) for n in kept} == {n: before[n] for n in kept}, f"{folder} files changed"
         assert set(after) - set(before) <= case.may_create, f"{folder}: new files {set(after) - set(before)}"
+    if outcome["after"]["run"].get("summary.json") != outcome["before"]["run"].get("summary.json"):
+        assert outcome["sessions"][-1]["summary"] == outcome["summary"]  # a resume moved it into run.json
