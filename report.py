@@ -176,8 +176,9 @@ class Reporter:
             try:
                 wandb.init(project=wandb_settings["project"], name=wandb_settings["name"], config=config,
                            id=wandb_settings["id"], resume="allow")
-            except wandb.errors.Error as e:  # no API key, no network, a refused project
-                raise UserError(f"wandb_log=True but wandb could not start ({e}): run `wandb login`, set "
+            except Exception as e:  # no API key, no network, a refused project; a bad WANDB_ setting (pydantic's)
+                raise UserError(f"wandb_log=True but wandb could not start ({e.__class__.__name__}: "
+                                f"{' '.join(str(e).split())[:300]}): check the WANDB_ variables, run `wandb login`, set "
                                 "WANDB_MODE=offline (then `wandb sync` later), or pass --wandb_log=False") from None
             self.wandb, run_id = wandb, wandb.run.id
         with writing_run_files(self.out_dir, "config.json"):
@@ -257,8 +258,8 @@ class Reporter:
             metrics.append_row(self.out_dir, {"iter": it, "tokens": tokens, "loss": loss, "lr": lr,
                                               "grad_norm": grad_norm, "dt_ms": dt * 1000,
                                               "tokens_per_sec": tokens_per_sec, "mfu": mfu if mfu is not None else ""})
-        self.wandb.log({"iter": it, "train/loss_step": loss, "lr": lr, "mfu": mfu or 0.0, "grad_norm": grad_norm},
-                       step=it)
+        self.wandb.log({"iter": it, "train/loss_step": loss, "lr": lr, "grad_norm": grad_norm,
+                        **({"mfu": mfu} if mfu is not None else {})}, step=it)  # unknown (a CPU) is no 0% chart
 
     def sample(self, it: int, text: str):
         if not self.active:

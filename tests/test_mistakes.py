@@ -215,8 +215,12 @@ CASES = [
     Case("device", "train.py", [*TRAIN, "--device=cuda"], r"device 'cuda' asked for but CUDA is not available"),
     Case("out_dir empty", "train.py", [*TRAIN, "--out_dir="], r"out_dir is empty: give --out_dir=\.\.\."),
     Case("wandb without a login", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--wandb_log=True"],
-         r"wandb_log=True but wandb could not start \(No API key.*\): run `wandb login`, set WANDB_MODE=offline",
+         r"wandb_log=True but wandb could not start \(\w+: No API key.*\): check the WANDB_ variables, run `wandb "
+         r"login`, set WANDB_MODE=offline",
          env={"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": "{tmp}", "WANDB_CONFIG_DIR": "{tmp}/wandb_config"}),
+    Case("wandb with a bad WANDB_MODE", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--wandb_log=True"],
+         r"wandb_log=True but wandb could not start \(ValidationError: .*'bogus'.*\): check the WANDB_ variables",
+         env={"WANDB_MODE": "bogus"}),
     Case("device meta", "train.py", [*TRAIN, "--device=meta"], r"device 'meta' is not a device this trainer runs on"),
     Case("device typo", "sample.py", ["--out_dir={run}", "--device=cpuu"], r"device 'cpuu' is not a device this trainer"),
     # ---- train.py: config files
