@@ -160,22 +160,31 @@ class Reporter:
 
     def start(self, config: dict, info: dict, truncate_at: int | None, wandb_settings: dict | None) -> str | None:
         """Write config.json and run.json, drop metrics rows and samples past truncate_at (None keeps them all,
-        -1 drops them all), start wandb when wandb_settings (project, name, id) are given; returns the wandb run id."""
+        -1 drops them all), start wandb when wandb_settings (project, name, id, and `relogs`: whether this session's
+        steps may differ from those the run logged past truncate_at) are given; returns the wandb run id."""
         if not self.active:
             return None
         path = metrics.metrics_path(self.out_dir)
+        logged = -1  # the last iter the run logged
         if truncate_at is not None and truncate_at >= 0 and os.path.exists(path):
-            metrics.read_rows(self.out_dir)  # a damaged metrics.csv is an error before any file is written
+            # a damaged metrics.csv is an error before any file is written
+            logged = max((int(r["iter"]) for r in metrics.read_rows(self.out_dir)), default=-1)
             metrics.check_columns(path)
             if not os.access(path, os.W_OK):  # and so is one the run could not go on writing
                 raise UserError(f"{path} is not writable: make it writable (chmod u+w), then resume")
         run_id = None
         if wandb_settings is not None:
             import wandb
-            # the id saved in the checkpoint makes a resumed run continue the same wandb run
+            # the id saved in the checkpoint makes a resumed run continue the same wandb run, unless the run had
+            # logged past the checkpoint and this session's steps may differ: wandb keeps a run's steps increasing,
+            # so it would drop them up to there, and show the abandoned steps
+            name, run_id = wandb_settings["name"], wandb_settings["id"]
+            if run_id and logged > truncate_at and wandb_settings["relogs"]:
+                name, run_id = f"{name} from iter {truncate_at}", None
+                self.print(f"wandb: the run logged iters up to {logged} with other settings; this session logs to a new "
+                           f"wandb run, {name!r}, as wandb would drop its steps up to iter {logged}", always=True)
             try:
-                wandb.init(project=wandb_settings["project"], name=wandb_settings["name"], config=config,
-                           id=wandb_settings["id"], resume="allow")
+                wandb.init(project=wandb_settings["project"], name=name, config=config, id=run_id, resume="allow")
             except Exception as e:  # no API key, no network, a refused project; a bad WANDB_ setting (pydantic's)
                 raise UserError(f"wandb_log=True but wandb could not start ({e.__class__.__name__}: "
                                 f"{' '.join(str(e).split())[:300]}): check the WANDB_ variables, run `wandb login`, set "

@@ -155,6 +155,10 @@ def check_writable(out_dir: str):
 # checkpoint's model_args fix that)
 COMMAND_KEYS = ("init_from", "resume_from", "overwrite", "eval_only", "dry_run", "out_dir")
 RESUME_SAME = (*COMMAND_KEYS, *SHAPE_KEYS, *ARCH_KEYS)
+# settings that change no value a step logs: a resume that changes only these logs again what the run logged
+REPORTING_KEYS = ("max_iters", "log_interval", "eval_interval", "log_format", "always_save_checkpoint", "keep_last_n",
+                  "sample_interval", "sample_tokens", "sample_prompt", "wandb_log", "wandb_project", "wandb_run_name",
+                  "max_nonfinite_steps", "prefetch_batches", "sync_every_step")
 RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv", "eval.json", "plot.png")  # a run's results
 
 
@@ -570,12 +574,14 @@ if __name__ == "__main__":
     if runs_own:
         report.print("the run's own settings, which this command does not give: "
                      + ", ".join(f"{k}={v!r}" for k, v in runs_own.items()))
+    relogs = False  # whether this session's steps may differ from those the run logged past its checkpoint
     if checkpoint is not None:  # a resume takes the settings this command gives: say which differ from the run's
-        changed = [f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in config.items()
-                   if k not in RESUME_SAME and checkpoint["config"].get(k, v) != v]
+        changed = {k: v for k, v in config.items() if k not in RESUME_SAME and checkpoint["config"].get(k, v) != v}
         if changed:
             report.print(f"{'evaluating' if eval_only else 'resumed'} with settings other than the run's: "
-                         + ", ".join(changed), always=True)
+                         + ", ".join(f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in changed.items()),
+                         always=True)
+        relogs = any(k not in REPORTING_KEYS for k in changed)
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     eval_text = (f"{eval_iters} batches of {batch_size} sequences x {block_size} tokens per split = "
                  f"{eval_iters * batch_size * block_size:,} tokens")  # what an eval_only run does, for its lines
@@ -687,7 +693,8 @@ if __name__ == "__main__":
                      tokens_per_iter=tokens_per_iter, start_iter=iter_num),
         # a resumed run drops rows logged after its checkpoint; a new run starts a new log
         truncate_at=iter_num if init_from == "resume" else -1,
-        wandb_settings=dict(project=wandb_project, name=wandb_run_name, id=wandb_run_id) if wandb_log else None,
+        wandb_settings=dict(project=wandb_project, name=wandb_run_name, id=wandb_run_id, relogs=relogs)
+        if wandb_log else None,
     ), rank, world_size) or wandb_run_id
     if master_process:  # with overwrite=True, the earlier run's checkpoints and results go (start emptied metrics.csv)
         deleted = [name for name in stale_files if name != "metrics.csv"]

@@ -152,6 +152,34 @@ def test_wandb_resume_continues_one_run_with_monotonic_steps(char_data, tmp_path
 
 
 @pytest.mark.slow
+def test_a_resume_that_goes_back_with_other_settings_logs_to_a_new_wandb_run(char_data, tmp_path):
+    """wandb keeps a run's steps increasing: the steps this session logs up to the last one the run had logged
+    would be dropped there, and the abandoned ones shown. With the run's own settings they are the same steps
+    (the resume is exact), so the run goes on."""
+    import shutil
+    out = str(tmp_path / "out")
+    env = {"WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    args = dict(max_iters=10, eval_interval=5, keep_last_n=2, wandb_log=True)
+    assert run_script("train.py", *tiny_args(char_data, out, **args), cwd=str(tmp_path), env=env).returncode == 0
+    os.makedirs(tmp_path / "aside")
+    for name in ("ckpt.pt", "ckpt_0000010.pt"):  # back to iter 5, as after a loss spike
+        shutil.move(os.path.join(out, name), tmp_path / "aside" / name)
+    shutil.copy(os.path.join(out, "ckpt_0000005.pt"), tmp_path / "aside" / "at_5.pt")
+    same = run_script("train.py", *tiny_args(char_data, out, **args, init_from="resume", resume_from="ckpt_0000005.pt"),
+                      cwd=str(tmp_path), env=env)
+    assert same.returncode == 0 and "new wandb run" not in same.stdout, same.stderr
+    for name in ("ckpt.pt", "ckpt_0000010.pt"):
+        os.remove(os.path.join(out, name))
+    shutil.copy(tmp_path / "aside" / "at_5.pt", os.path.join(out, "ckpt_0000005.pt"))
+    lower = run_script("train.py", *tiny_args(char_data, out, **args, init_from="resume", resume_from="ckpt_0000005.pt",
+                                              learning_rate=1e-3), cwd=str(tmp_path), env=env)
+    assert lower.returncode == 0, lower.stderr
+    assert "wandb: the run logged iters up to 10 with other settings; this session logs to a new wandb run" in lower.stdout
+    ids = [wandb_history(r)[0] for r in sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*")))]
+    assert len(ids) == 3 and ids[0] == ids[1] != ids[2]
+
+
+@pytest.mark.slow
 def test_json_log_format_is_one_object_per_line(char_data, tmp_path):
     result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "out"), max_iters=6, eval_interval=3,
                                                log_format="json"), cwd=str(tmp_path))
