@@ -7,6 +7,7 @@ A dataset folder holds meta.json (written by data/prepare.py and the data/*/prep
 token files; nanoGPT's layout (train.bin and val.bin as uint16, maybe meta.pkl) is read too.
 """
 import errno
+import hashlib
 import json
 import mmap
 import numbers
@@ -148,19 +149,39 @@ def vocabulary_of(meta: dict | None, pkl: dict | None) -> dict:
     return {"tokenizer": None, "chars": None}
 
 
+FINGERPRINT_BYTES = 1 << 16  # a token file's fingerprint is of its first and last 64 KiB: milliseconds, any size
+
+
+def fingerprint(path: str) -> str:
+    """A short hash of a token file's ends: a dataset prepared again from another text of the same token counts
+    (its lines reordered, say) has other ones."""
+    with open(path, "rb") as f:
+        head = f.read(FINGERPRINT_BYTES)
+        f.seek(max(0, os.path.getsize(path) - FINGERPRINT_BYTES))
+        return hashlib.sha256(head + f.read()).hexdigest()[:16]
+
+
 def token_files(data: dict) -> dict:
-    """{split: [[file name, tokens], ...]} of a loaded dataset (load_dataset): what a checkpoint keeps of the data
-    its run read, so that a resume can tell when the data changed under the run."""
-    return {split: [[os.path.basename(path), n] for path, n in files] for split, files in data["splits"].items()}
+    """{split: [[file name, tokens, fingerprint], ...]} of a loaded dataset (load_dataset): what a checkpoint keeps
+    of the data its run read, so that a resume can tell when the data changed under the run."""
+    return {split: [[os.path.basename(path), n, fingerprint(path)] for path, n in files]
+            for split, files in data["splits"].items()}
 
 
 def data_change(saved: dict | None, now: dict) -> dict:
     """{split: how its files changed, in words} between the token files a run read (token_files, as its checkpoint
-    keeps them; None for checkpoints from before they were kept) and the dataset's now; empty when none did."""
+    keeps them; None for checkpoints from before they were kept, and no fingerprints before those were) and the
+    dataset's now; empty when none did."""
     def files(split_files):
-        return f"{len(split_files)} file{'s' * (len(split_files) != 1)} of {sum(n for _, n in split_files):,} tokens"
-    return {split: f"{files(saved[split])} then, {files(now[split])} now"
-            for split in ("train", "val") if saved is not None and saved.get(split) != now[split]}
+        return f"{len(split_files)} file{'s' * (len(split_files) != 1)} of {sum(f[1] for f in split_files):,} tokens"
+    change = {}
+    for split in ("train", "val") if saved is not None else ():
+        then, now_files = saved.get(split) or [], now[split]
+        if [f[:2] for f in then] != [f[:2] for f in now_files]:
+            change[split] = f"{files(then)} then, {files(now_files)} now"
+        elif any(len(a) > 2 and a != b for a, b in zip(then, now_files)):
+            change[split] = f"the same {files(then)}, with other tokens in them now"
+    return change
 
 
 def model_vocab_size(vocab_size: int | None, vocabulary: dict) -> int:

@@ -476,6 +476,7 @@ if __name__ == "__main__":
     # may be shorter: its splits are checked against it once the model is loaded, below)
     context_known = init_from in ("scratch", "resume") or block_size != config_defaults["block_size"]
     data = load_dataset(dataset, block_size if context_known else None)
+    data_files = token_files(data)  # what checkpoints record of the data read, and what a resume compares
     report.print(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
                  f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
                  f"vocab_size {data['vocab_size'] or 'unknown'}" + ("; more than half this machine's RAM, so its windows "
@@ -483,7 +484,7 @@ if __name__ == "__main__":
                                                                     if data["random_access"] else ""))
     if checkpoint is not None:
         data["vocabulary"] = check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
-        change = data_change(checkpoint.get("data_files"), token_files(data))
+        change = data_change(checkpoint.get("data_files"), data_files)
         if change:  # more data may be meant; a changed val split makes losses before and after incomparable
             report.print(f"warning: dataset {dataset} changed since the checkpoint ("
                          + "; ".join(f"{split}: {how}" for split, how in change.items())
@@ -670,7 +671,7 @@ if __name__ == "__main__":
         def write():
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
             save_checkpoint(training_state(model_state, optimizer_state, scaler, model_args, config, progress, rng_states,
-                                           wandb_run_id, evaluated, data["vocabulary"], token_files(data)),
+                                           wandb_run_id, evaluated, data["vocabulary"], data_files),
                             os.path.join(out_dir, "ckpt.pt"))
             publish_checkpoint(out_dir, iter_num, improved, keep_last_n if evaluated else 0)  # a signal's save: ckpt.pt only
             report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))

@@ -186,6 +186,21 @@ def test_a_data_change_names_each_split_that_changed():
     assert data_change(saved, saved) == {} and data_change(None, saved) == {}  # unchanged; a checkpoint from before
     more = {**saved, "train": [["train_000.bin", 1000], ["train_001.bin", 500]]}
     assert data_change(saved, more) == {"train": "1 file of 1,000 tokens then, 2 files of 1,500 tokens now"}
+    printed = {"train": [["train_000.bin", 1000, "ab12"]], "val": [["val.bin", 100, "cd34"]]}  # with fingerprints
+    assert data_change(saved, printed) == {} and data_change(printed, printed) == {}  # none then: none compared
+    other = {**printed, "val": [["val.bin", 100, "ef56"]]}  # prepared again from a text of the same counts
+    assert data_change(printed, other) == {"val": "the same 1 file of 100 tokens, with other tokens in them now"}
+
+
+def test_a_token_file_s_fingerprint_is_of_its_ends(tmp_path):
+    from dataset import FINGERPRINT_BYTES, fingerprint
+    ids = np.arange(3 * FINGERPRINT_BYTES, dtype=np.uint16)  # 6 x 64 KiB
+    ids.tofile(tmp_path / "a.bin")
+    first = fingerprint(str(tmp_path / "a.bin"))
+    ids[::-1].tofile(tmp_path / "a.bin")  # reordered: the same size, other tokens at both ends
+    assert fingerprint(str(tmp_path / "a.bin")) != first
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "small.bin")  # smaller than its two ends: read whole, once each
+    assert len(fingerprint(str(tmp_path / "small.bin"))) == 16
 
 
 @pytest.mark.parametrize("script", ["shakespeare_char", "shakespeare"])

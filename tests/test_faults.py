@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -569,6 +570,12 @@ def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
     assert (f"warning: dataset {data} changed since the checkpoint (val: 1 file of {n:,} tokens then, 1 file of "
             f"{n // 2:,} tokens now): the batches from here are not an unbroken run's, and val losses before and after "
             "are on different data") in result.stdout
+    train = np.fromfile(data / "train.bin", dtype=np.uint16)  # prepared again from a reordered text: the same size
+    np.roll(train, len(train) // 2).tofile(data / "train.bin")
+    result = run_script("train.py", *args_for(str(data), out, max_iters=16, init_from="resume"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (f"warning: dataset {data} changed since the checkpoint (train: the same 1 file of {len(train):,} tokens, "
+            "with other tokens in them now): the batches from here are not an unbroken run's") in result.stdout
 
 # ---- off the happy path, handled without an error (the mistakes that are refused are in test_mistakes.py)
 
