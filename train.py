@@ -155,10 +155,11 @@ def check_writable(out_dir: str):
 # checkpoint's model_args fix that)
 COMMAND_KEYS = ("init_from", "resume_from", "overwrite", "eval_only", "dry_run", "out_dir")
 RESUME_SAME = (*COMMAND_KEYS, *SHAPE_KEYS, *ARCH_KEYS)
-# settings that change no value a step logs: a resume that changes only these logs again what the run logged
-REPORTING_KEYS = ("max_iters", "log_interval", "eval_interval", "log_format", "always_save_checkpoint", "keep_last_n",
-                  "sample_interval", "sample_tokens", "sample_prompt", "wandb_log", "wandb_project", "wandb_run_name",
-                  "max_nonfinite_steps", "prefetch_batches", "sync_every_step")
+# settings that give a step other logged values (its batches, its learning rate, its arithmetic): a resume that
+# changes one of these, past steps the run logged, logs them anew (see Reporter.start)
+VALUE_KEYS = ("seed", "gradient_accumulation_steps", "batch_size", "dropout", "learning_rate", "muon_lr",
+              "muon_momentum", "weight_decay", "beta1", "beta2", "grad_clip", "lr_schedule", "cooldown_frac", "decay_lr",
+              "warmup_iters", "lr_decay_iters", "min_lr", "dtype", "fp8", "eval_iters")
 RUN_FILES = ("ckpt.pt", "best.pt", "summary.json", "samples.txt", "metrics.csv", "eval.json", "plot.png")  # a run's results
 
 
@@ -582,7 +583,7 @@ if __name__ == "__main__":
             report.print(f"{'evaluating' if eval_only else 'resumed'} with settings other than the run's: "
                          + ", ".join(f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in changed.items()),
                          always=True)
-        relogs = any(k not in REPORTING_KEYS for k in changed)
+        relogs = any(k in VALUE_KEYS for k in changed)
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     eval_text = (f"{eval_iters} batches of {batch_size} sequences x {block_size} tokens per split = "
                  f"{eval_iters * batch_size * block_size:,} tokens")  # what an eval_only run does, for its lines

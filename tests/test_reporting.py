@@ -165,8 +165,8 @@ def test_a_resume_that_goes_back_with_other_settings_logs_to_a_new_wandb_run(cha
     for name in ("ckpt.pt", "ckpt_0000010.pt"):  # back to iter 5, as after a loss spike
         shutil.move(os.path.join(out, name), tmp_path / "aside" / name)
     shutil.copy(os.path.join(out, "ckpt_0000005.pt"), tmp_path / "aside" / "at_5.pt")
-    same = run_script("train.py", *tiny_args(char_data, out, **args, init_from="resume", resume_from="ckpt_0000005.pt"),
-                      cwd=str(tmp_path), env=env)
+    same = run_script("train.py", *tiny_args(char_data, out, **args, init_from="resume", resume_from="ckpt_0000005.pt",
+                                             log_interval=2), cwd=str(tmp_path), env=env)  # the same values
     assert same.returncode == 0 and "new wandb run" not in same.stdout, same.stderr
     for name in ("ckpt.pt", "ckpt_0000010.pt"):
         os.remove(os.path.join(out, name))
