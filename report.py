@@ -129,13 +129,19 @@ def check_eval_file(out_dir: str):
 
 def earlier_sessions(out_dir: str) -> list[dict]:
     """The sessions of the run in out_dir so far, from its run.json (each with its command, versions and start),
-    the last with the summary.json it ended with (None: it did not finish)."""
-    fix = "move it aside (it records the run's earlier sessions)"
-    last = read_json(os.path.join(out_dir, "run.json"), fix)
-    if not isinstance(last, dict):
+    the last with the summary.json it ended with (None: it did not finish). A file that is not valid JSON (edited
+    by hand, say) is recorded as such: a resume goes on without it."""
+    def read(name):
+        try:
+            return read_json(os.path.join(out_dir, name), "")
+        except UserError:
+            return f"{name} was not valid JSON"
+    last, summary = read("run.json"), read("summary.json")
+    if last is None and summary is None:
         return []
-    summary = read_json(os.path.join(out_dir, "summary.json"), fix.replace("run's earlier sessions", "last session"))
-    return [*last.pop("earlier_sessions", []), {**last, "summary": summary}]
+    last = last if isinstance(last, dict) else {"run.json": last}
+    prior = last.pop("earlier_sessions", [])
+    return [*(prior if isinstance(prior, list) else []), {**last, "summary": summary}]
 
 
 def read_summary(out_dir: str) -> dict | None:
@@ -165,9 +171,10 @@ class Reporter:
         if not self.active:
             return None
         path = metrics.metrics_path(self.out_dir)
+        resumed = truncate_at is not None and truncate_at >= 0
+        earlier = earlier_sessions(self.out_dir) if resumed else []  # the sessions before, read before any write
         logged = -1  # the last iter the run logged
-        if truncate_at is not None and truncate_at >= 0 and os.path.exists(path):
-            # a damaged metrics.csv is an error before any file is written
+        if resumed and os.path.exists(path):  # a damaged metrics.csv is an error before any file is written
             logged = max((int(r["iter"]) for r in metrics.read_rows(self.out_dir)), default=-1)
             metrics.check_columns(path)
             if not os.access(path, os.W_OK):  # and so is one the run could not go on writing
@@ -192,13 +199,10 @@ class Reporter:
             self.wandb, run_id = wandb, wandb.run.id
         with writing_run_files(self.out_dir, "config.json"):
             write_json(os.path.join(self.out_dir, "config.json"), dict(sorted(config.items())))
-        earlier = []  # a resume's record of the sessions before it, each with the summary.json it ended with
-        if truncate_at is not None and truncate_at >= 0:
-            earlier = earlier_sessions(self.out_dir)
         with writing_run_files(self.out_dir, "run.json"):
             write_json(os.path.join(self.out_dir, "run.json"), {**run_info(config, sys.argv), **info,
                                                                **({"earlier_sessions": earlier} if earlier else {})})
-        if earlier:  # kept in run.json: summary.json is only ever the summary of the session that wrote it last
+        if resumed:  # kept in run.json: summary.json is only ever the summary of the session that wrote it last
             with writing_run_files(self.out_dir, "summary.json"):
                 if os.path.exists(os.path.join(self.out_dir, "summary.json")):
                     os.remove(os.path.join(self.out_dir, "summary.json"))

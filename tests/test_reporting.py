@@ -312,6 +312,11 @@ def test_a_resume_keeps_the_sessions_before_it_in_run_json_and_summary_json_is_t
     assert read_summary(out) is None
     sessions = json.loads(open(os.path.join(out, "run.json")).read())["earlier_sessions"]
     assert [s["summary"]["iters"] for s in sessions] == [4, 8]
+    (tmp_path / "out" / "run.json").write_text('{"command": "py')  # torn by hand: recorded as such, no refusal
+    assert run_script("train.py", *tiny_args(char_data, out, max_iters=12, init_from="resume"),
+                      cwd=str(tmp_path)).returncode == 0
+    sessions = json.loads(open(os.path.join(out, "run.json")).read())["earlier_sessions"]
+    assert sessions == [{"run.json": "run.json was not valid JSON", "summary": None}]
 
 
 def test_a_session_of_one_step_takes_its_means_from_that_step(char_data, tmp_path):
