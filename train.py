@@ -477,7 +477,8 @@ if __name__ == "__main__":
     # may be shorter: its splits are checked against it once the model is loaded, below)
     context_known = init_from in ("scratch", "resume") or block_size != config_defaults["block_size"]
     data = load_dataset(dataset, block_size if context_known else None)
-    data_files = token_files(data)  # what checkpoints record of the data read, and what a resume compares
+    # what checkpoints record of the data read, and what a resume compares: rank 0's, which saves and prints
+    data_files = token_files(data) if master_process else None
     report.print(f"dataset {dataset}: {sum(n for _, n in data['splits']['train']):,} train and "
                  f"{sum(n for _, n in data['splits']['val']):,} val tokens ({data['dtype'].name}), "
                  f"vocab_size {data['vocab_size'] or 'unknown'}" + ("; more than half this machine's RAM, so its windows "
@@ -485,7 +486,7 @@ if __name__ == "__main__":
                                                                     if data["random_access"] else ""))
     if checkpoint is not None:
         data["vocabulary"] = check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
-        change = data_change(checkpoint.get("data_files"), data_files)
+        change = data_change(checkpoint.get("data_files"), data_files) if master_process else {}
         if change:  # more data may be meant; a changed val split makes losses before and after incomparable
             report.print(f"warning: dataset {dataset} changed since the checkpoint ("
                          + "; ".join(f"{split}: {how}" for split, how in change.items())

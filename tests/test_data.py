@@ -194,13 +194,15 @@ def test_a_data_change_names_each_split_that_changed():
 
 def test_a_token_file_s_fingerprint_is_of_its_ends(tmp_path):
     from dataset import FINGERPRINT_BYTES, fingerprint
-    ids = np.arange(3 * FINGERPRINT_BYTES, dtype=np.uint16)  # 6 x 64 KiB
+    ids = np.arange(3 * FINGERPRINT_BYTES, dtype=np.uint16)  # 3 fingerprints' worth of bytes
     ids.tofile(tmp_path / "a.bin")
     first = fingerprint(str(tmp_path / "a.bin"))
     ids[::-1].tofile(tmp_path / "a.bin")  # reordered: the same size, other tokens at both ends
     assert fingerprint(str(tmp_path / "a.bin")) != first
-    np.arange(10, dtype=np.uint16).tofile(tmp_path / "small.bin")  # smaller than its two ends: read whole, once each
-    assert len(fingerprint(str(tmp_path / "small.bin"))) == 16
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "small.bin")  # smaller than its two ends: read whole (twice)
+    small = fingerprint(str(tmp_path / "small.bin"))
+    np.arange(1, 11, dtype=np.uint16).tofile(tmp_path / "small.bin")
+    assert len(small) == 16 and fingerprint(str(tmp_path / "small.bin")) != small
 
 
 @pytest.mark.parametrize("script", ["shakespeare_char", "shakespeare"])
