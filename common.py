@@ -442,6 +442,11 @@ def json_text(obj, **dumps_kwargs) -> str:
     return json.dumps(finite(obj), allow_nan=False, **dumps_kwargs)
 
 
+def plural(n: int, word: str) -> str:
+    """'1 step', '2 steps': n and word, with an s unless n is 1."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def write_json(path: str, obj: dict):
     """Write obj as strict JSON (json_text), atomically."""
     with atomic_write(path) as f:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 
 import numpy as np
 
-from common import UserError, atomic_write, fsync_file, read_json, signals_deferred
+from common import UserError, atomic_write, fsync_file, plural, read_json, signals_deferred
 
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "splits")  # what every meta.json has; readers may need more
 
@@ -173,7 +173,7 @@ def data_change(saved: dict | None, now: dict) -> dict:
     keeps them; None for checkpoints from before they were kept, and no fingerprints before those were) and the
     dataset's now; empty when none did."""
     def files(split_files):
-        return f"{len(split_files)} file{'s' * (len(split_files) != 1)} of {sum(f[1] for f in split_files):,} tokens"
+        return f"{plural(len(split_files), 'file')} of {sum(f[1] for f in split_files):,} tokens"
     change = {}
     for split in ("train", "val") if saved is not None else ():
         then, now_files = saved.get(split) or [], now[split]

@@ -13,7 +13,7 @@ import os
 import sys
 
 import metrics
-from common import UserError, atomic_write
+from common import UserError, atomic_write, plural
 
 
 def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
@@ -98,7 +98,7 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
             raise UserError("every point is at 0 tokens, where a log axis has none: leave out --logx")
         left_out = drawn_points(runs) - drawn_points(kept)
         if left_out:
-            note = (f"--logx leaves out {left_out} point{'s' * (left_out > 1)} at 0 tokens (iter 0's "
+            note = (f"--logx leaves out {plural(left_out, 'point')} at 0 tokens (iter 0's "
                     "evaluation): a log axis has no 0" + (f"; {', '.join(gone)} had no other, and is not drawn"
                                                           if gone else ""))
         runs = kept

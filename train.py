@@ -35,7 +35,7 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, bett
                         save_checkpoint, take_optimizer_state, training_state)
 from common import (FolderLock, Outliving, UserError, autocast_context, check_compile_mode, check_device,
                     compile_problem, cpu_contention, excepthook, launcher_ranks, leave_distributed, local_processes,
-                    on_rank0, peak_flops, raise_held, resolve_dtype, setup_distributed)
+                    on_rank0, peak_flops, plural, raise_held, resolve_dtype, setup_distributed)
 from dataset import (Prefetcher, check_block_size, data_change, eval_key, get_batch, load_dataset, model_vocab_size,
                      read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8
@@ -199,10 +199,6 @@ def check_new_run(out_dir: str, overwrite: bool, init_from: str) -> list[str]:
                         "would be deleted before the new run saves anything: copy it out of out_dir (or to a name of "
                         "your own, such as ckpt_start.pt) and start from the copy")
     return old
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def kept_checkpoint(saved: tuple[str, int] | None) -> str:
