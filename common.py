@@ -453,6 +453,13 @@ def write_json(path: str, obj: dict):
         f.write(json_text(obj, indent=2) + "\n")
 
 
+def replaceable_result(path: str, keys: set, fix: str) -> bool:
+    """Whether a script may write its result (a JSON object of exactly these keys) to path: nothing is there, or
+    an earlier result of its own is, not another file that a slip of a path names. fix: as read_json's."""
+    old = read_json(path, fix)
+    return old is None or (isinstance(old, dict) and set(old) == keys)
+
+
 def read_json(path: str, fix: str):
     """What the JSON file at path holds, or None when there is no such file; a UserError ending in `fix` (what
     the user should do) when it is not UTF-8 JSON, e.g. torn by a kill or written by something else."""

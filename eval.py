@@ -16,7 +16,7 @@ import time
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import (UserError, autocast_context, check_device, excepthook, launcher_ranks, leave_distributed,
-                    read_json, resolve_dtype, setup_distributed, to_devnull, write_json)
+                    replaceable_result, resolve_dtype, setup_distributed, to_devnull, write_json)
 from hellaswag import check_encodable, find_data, read_examples, score
 from tokenizer import codec
 
@@ -43,8 +43,7 @@ def check_out_file(path: str):
     if os.path.isdir(path):
         raise UserError(f"out_file {path} is a folder: name a .json file")
     fix = "choose another out_file, or remove that file"
-    old = read_json(path, fix)
-    if old is not None and not (isinstance(old, dict) and set(old) == RESULT_KEYS):
+    if not replaceable_result(path, RESULT_KEYS, fix):
         raise UserError(f"out_file {path} already exists and is not an earlier result of eval.py: {fix}")
 
 

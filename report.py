@@ -14,7 +14,7 @@ import sys
 from contextlib import contextmanager
 
 import metrics
-from common import UserError, atomic_write, json_text, read_json, write_json
+from common import UserError, atomic_write, json_text, read_json, replaceable_result, write_json
 
 SAMPLE_HEADING = re.compile(r"^---- iter (\d+) ----\n", re.M)  # each sample in samples.txt starts with one
 
@@ -122,8 +122,7 @@ def check_eval_file(out_dir: str):
     HellaSwag score may be there)."""
     path = os.path.join(out_dir, "eval.json")
     fix = "move it aside, or evaluate into another out_dir"
-    old = read_json(path, fix)
-    if old is not None and not (isinstance(old, dict) and set(old) == EVAL_ONLY_KEYS):
+    if not replaceable_result(path, EVAL_ONLY_KEYS, fix):
         raise UserError(f"{path} already exists and is not an earlier result of an eval_only run: {fix}")
 
 
