@@ -430,16 +430,14 @@ def refuse_to_replace(out_dir: str):
 
 @contextlib.contextmanager
 def staged_pickle(out_dir: str, name: str, obj):
-    """obj pickled to out_dir/name.tmp and flushed to the disk (a full disk shows here, before anything is
-    replaced), for write_meta to put in place; the .tmp file is gone after the block if it is still there.
-    obj None: nothing."""
+    """obj pickled to out_dir/name.tmp (a full disk shows here, before anything is replaced), for write_meta to
+    flush to the disk with the token files and put in place; the .tmp file is gone after the block if it is still
+    there. obj None: nothing."""
     path = os.path.join(out_dir, name + ".tmp")
     try:
         if obj is not None:
             with open(path, "wb") as f:
                 pickle.dump(obj, f)
-                f.flush()
-                os.fsync(f.fileno())
         yield
     finally:
         if obj is not None and os.path.exists(path):
