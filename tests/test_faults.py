@@ -133,6 +133,31 @@ def test_an_eval_of_weights_that_are_not_finite_writes_no_sample(char_data, tmp_
     assert result.stderr.strip().startswith("error: the last evaluation (iter 8) gave val loss nan")
 
 
+def test_a_sample_whose_logits_are_not_finite_is_a_warning_and_the_run_goes_on(tmp_path):
+    """The val loss can be finite while a sample is not: here the prompt's character never occurs in the data, and
+    its row of the (untied) embedding is 1e20, which the first norm squares past float32's range."""
+    import data.prepare as prepare
+    from conftest import made_up_text
+    lines = made_up_text(seed=3, n_words=300, max_word_len=6, n_tokens=3000).splitlines()
+    prepare.prepare_corpus(lines, str(tmp_path / "data"), "char", "".join(sorted(prepare.alphabet(lines) + "#")),
+                           val_fraction=0.1, workers=1, progress=False)
+    first = run_script("train.py", *args_for(str(tmp_path / "data"), str(tmp_path / "a"), max_iters=2,
+                                             tie_embeddings=False), cwd=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    checkpoint = torch.load(tmp_path / "a" / "ckpt.pt", map_location="cpu", weights_only=True)
+    checkpoint["model"]["transformer.wte.weight"][checkpoint["vocabulary"]["chars"].index("#")] = 1e20
+    torch.save(checkpoint, tmp_path / "overflowing.pt")
+    result = run_script("train.py", *args_for(str(tmp_path / "data"), str(tmp_path / "b"), max_iters=4,
+                                              warmup_iters=1, init_from=str(tmp_path / "overflowing.pt"),
+                                              sample_interval=1, sample_prompt="#"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for it in (0, 4):
+        assert (f"warning: no sample at iter {it}: the model's logits were nan or inf while generating"
+                in result.stdout)
+    assert "---- sample at" not in result.stdout
+    assert torch.load(tmp_path / "b" / "ckpt.pt", map_location="cpu", weights_only=True)["iter_num"] == 4
+
+
 def test_weights_that_give_non_finite_steps_are_not_saved_though_their_val_loss_is_finite(char_data, tmp_path):
     """A step at a learning rate of 1e5 is finite but leaves weights whose val loss is about 1e11 (finite: the
     norms keep the forward pass in range) and whose gradients overflow, so every later step is skipped. Those
