@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common import UserError, atomic_write, replace_durably
+from common import UserError, atomic_write, plural, replace_durably
 import hf
 from dataset import declared_vocab, find_dataset
 from model import GPT, GPTConfig
@@ -47,11 +47,12 @@ def save_checkpoint(checkpoint: dict, path: str):
     """Write to a temporary file beside path, flush it to disk, then rename it over path: a crash at any
     moment leaves either the old file or the new one, whole. A failed write (disk full) removes the
     temporary file and keeps the old one. Weights that are not finite are never written."""
-    bad = [name for name, tensor in checkpoint["model"].items() if not torch.isfinite(tensor).all()]
+    bad = nonfinite_tensors(checkpoint["model"])
     if bad:
-        raise UserError(f"the weights are not finite ({len(bad)} tensors, e.g. {bad[0]}) at iter "
-                        f"{checkpoint['iter_num']}: not saving them, so {path} keeps the last good state; lower "
-                        "learning_rate or raise warmup_iters, then resume")
+        kept = f"{path} keeps the last good state" if os.path.exists(path) else "no checkpoint was saved before"
+        raise UserError(f"the weights are not finite ({plural(len(bad), 'tensor')}, e.g. {bad[0]}) at iter "
+                        f"{checkpoint['iter_num']}: not saving them, and {kept}; lower learning_rate or raise "
+                        "warmup_iters, then resume")
     try:
         with atomic_write(path, "wb") as f:
             torch.save(checkpoint, f)
@@ -65,6 +66,11 @@ def save_checkpoint(checkpoint: dict, path: str):
             pass
         raise UserError(f"could not write checkpoint {path} ({reason}): the previous checkpoint is unchanged; if the "
                         "disk is full, free space or choose another out_dir") from e
+
+
+def nonfinite_tensors(state: dict) -> list[str]:
+    """The names of a state dict's tensors that hold a nan or an inf."""
+    return [name for name, tensor in state.items() if not torch.isfinite(tensor).all()]
 
 
 PROGRESS_KEYS = ("iter_num", "tokens", "best_val_loss", "best_iter")  # where the run stands
@@ -237,6 +243,10 @@ def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, d
         fix = "write the folder again (export.py)" if os.path.isdir(init_from) else "the checkpoint is damaged"
         raise UserError(f"{init_from} holds a tokenizer of {tokens:,} tokens for a model of vocab_size "
                         f"{model.config.vocab_size:,}: they are not one model's; {fix}")
+    bad = nonfinite_tensors(model.state_dict())
+    if bad:  # training from them could never save, and sampling, evaluating or exporting them gives nothing
+        raise UserError(f"{init_from} holds weights that are not finite ({plural(len(bad), 'tensor')}, e.g. {bad[0]}): "
+                        "the file is damaged, or was saved after training diverged; start from another checkpoint")
     return model, vocab, optimizer_state
 
 

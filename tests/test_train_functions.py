@@ -419,9 +419,14 @@ def test_save_checkpoint_replaces_whole_files_and_keeps_the_old_one_on_failure(t
     assert torch.load(path, weights_only=True) == {"iter_num": 2, "model": {}}
     assert not os.path.lexists(path + ".tmp")
     # weights gone non-finite are never written over a good checkpoint
-    with pytest.raises(UserError, match=r"the weights are not finite \(1 tensors, e.g. w\) at iter 4"):
+    with pytest.raises(UserError, match=r"the weights are not finite \(1 tensor, e.g. w\) at iter 4: not saving "
+                                        r"them, and .*ckpt.pt keeps the last good state"):
         save_checkpoint({"iter_num": 4, "model": {"w": torch.tensor([1.0, float("nan")])}}, path)
     assert torch.load(path, weights_only=True) == {"iter_num": 2, "model": {}}
+    with pytest.raises(UserError, match=r"the weights are not finite \(2 tensors, e.g. w\) at iter 4: not saving "
+                                        r"them, and no checkpoint was saved before"):  # a run's first save
+        save_checkpoint({"iter_num": 4, "model": {"w": torch.tensor([float("inf")]), "v": torch.tensor([float("nan")])}},
+                        str(tmp_path / "new.pt"))
     # out_dir gone mid-run (unmounted, deleted): the line says so, with no free space to look up
     with pytest.raises(UserError, match=r"could not write checkpoint .*gone/ckpt.pt \(No such file or directory\): "):
         save_checkpoint({"iter_num": 3, "model": {}}, str(tmp_path / "gone" / "ckpt.pt"))
@@ -474,6 +479,21 @@ def test_keep_last_n_deletes_the_oldest_steps_past_seven_digits_and_never_a_user
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "ckpt_10000000.pt", "ckpt_4.pt", "ckpt_9999000.pt",
                                                           "ckpt_before_lr_change.pt"]
     assert (tmp_path / "ckpt_10000000.pt").read_bytes() == b"10000000"
+
+
+def test_weights_that_are_not_finite_are_refused_as_a_start(tmp_path):
+    """A file damaged on disk, or saved by another trainer after it diverged: a run from it could never save."""
+    from checkpoint import load_pretrained
+    model, _, checkpoint = trained_checkpoint()
+    checkpoint["model_args"] = {k: getattr(model.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size",
+                                                                         "bias", "vocab_size")}
+    torch.save(checkpoint, tmp_path / "good.pt")
+    assert torch.equal(load_pretrained(str(tmp_path / "good.pt"), 0.0)[0].lm_head.weight, model.lm_head.weight)
+    checkpoint["model"]["transformer.h.0.mlp.c_fc.weight"][3, 5] = float("inf")
+    torch.save(checkpoint, tmp_path / "bad.pt")
+    with pytest.raises(UserError, match=r"bad.pt holds weights that are not finite \(1 tensor, e.g. "
+                                        r"transformer.h.0.mlp.c_fc.weight\): the file is damaged"):
+        load_pretrained(str(tmp_path / "bad.pt"), 0.0)
 
 
 @pytest.mark.parametrize("code", [errno.EINVAL, errno.EIO], ids=["EINVAL", "EIO"])
