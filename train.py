@@ -471,7 +471,7 @@ if __name__ == "__main__":
 
     # ---- data (a run from a model's weights without a block_size of its own takes the model's context, which
     # may be shorter: its splits are checked against it once the model is loaded, below)
-    context_known = init_from in ("scratch", "resume") or block_size != config_defaults["block_size"]
+    context_known = init_from in ("scratch", "resume") or "block_size" in given
     data = load_dataset(dataset, block_size if context_known else None)
     # what checkpoints record of the data read, and what a resume compares: rank 0's, which saves and prints
     data_files = token_files(data) if master_process else None
@@ -523,7 +523,7 @@ if __name__ == "__main__":
         arch = {k: v for k, v in architecture(model_args).items() if k in config and k != "block_size"}
         config.update(arch)  # config.json and run.json record the model trained, not the defaults
         globals().update(arch)
-        if block_size == config_defaults["block_size"]:  # not set: the model's context, where that is shorter
+        if "block_size" not in given:  # the model's context, where that is shorter
             block_size = config["block_size"] = min(block_size, model.config.block_size)
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # e.g. finetune GPT-2 (1024) with a shorter context

@@ -387,6 +387,9 @@ CASES = [
          r"sample_prompt is empty: give --sample_prompt=\.\.\."),
     Case("gpt2 block_size too long", "train.py", [*TRAIN, "--init_from={tmp}/hf", "--block_size=2048"],
          r"block_size 2048 is longer than .*hf's context of 1024", setup=lambda tmp, run, data: save_tiny_gpt2(tmp)),
+    Case("block_size given as its default", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--init_from={run}/ckpt.pt",
+                                                        "--block_size=1024"],
+         r"block_size 1024 is longer than .*ckpt.pt's context of 32"),  # not taken as unset, and cropped
     Case("init_from of another shape", "train.py", [*TRAIN, "--init_from={tmp}/hf", "--n_layer=3"],
          r"init_from=.*hf is a model of another shape: n_layer=3 \(.*hf: 2\); drop those settings .*\(--n_layer=2\)",
          setup=lambda tmp, run, data: save_tiny_gpt2(tmp)),
