@@ -26,26 +26,28 @@ import subprocess
 import sys
 import tarfile
 import time
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from metrics import median_step_ms, nanogpt_median_step_ms  # noqa: E402  (the repository's own modules, from its root)
 from report import read_summary  # noqa: E402
-STEPS = ["env", "checks", "gpt2", "fastpaths", "options", "nanogpt", "prefetch", "autotune"]
 # Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
 # 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
 # the logs of the next run. The budget starts no step that would not end in time.
 GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 170, "options": 200, "nanogpt": 240, "prefetch": 90,
                "autotune": 300}
 CPU_SECONDS = 5  # each step of the reduced CPU version: seconds (up to 20 for checks, whose jobs then share the cores)
-ON_GPU = False  # set in __main__: whether this machine has CUDA (else the reduced CPU version runs)
-FP8_GPU = False  # and whether it has fp8 matmuls (compute capability 8.9+)
 LOSS_CHUNK = 4096  # rows of logits per chunk in the chunked loss: 4096 x 50304 fp32 logits are 0.8 GB
 
 
 class Suite:
-    def __init__(self, out: str, work: str, budget: float):
+    """The steps' shared state: the machine (gpu: CUDA is here, else the reduced CPU version runs; fp8: its GPU has
+    fp8 matmuls, compute capability 8.9+), the budget, the jobs started and the table's rows."""
+
+    def __init__(self, out: str, work: str, budget: float, gpu: bool, fp8: bool):
         self.out, self.work, self.rows, self.jobs, self.stopped = out, work, [], [], set()
+        self.gpu, self.fp8 = gpu, fp8
         self.starting, self.terminated = False, False
         self.deadline = time.time() + budget
         os.makedirs(out, exist_ok=True)
@@ -150,16 +152,16 @@ def bench_text(ms: str, tps: str, mfu: str | None, peak: str | None = None) -> s
             + (f", peak {float(peak):.1f} GiB" if peak else ""))
 
 
-def bench_args() -> list[str]:
+def bench_args(gpu: bool) -> list[str]:
     """GPT-2 124M at 12 x 1024 in bf16 with compile on a GPU; bench.py's small CPU model, eager, on a CPU."""
-    return [] if ON_GPU else ["--device=cpu", "--compile=False", "--vocab_size=512", "--warmup_steps=1"]
+    return [] if gpu else ["--device=cpu", "--compile=False", "--vocab_size=512", "--warmup_steps=1"]
 
 
 def compare(suite: Suite, name: str, rows: list[tuple[str, str, bool]], base: tuple[str, ...] = ()):
     """One bench.py --compare of GPT-2 124M's defaults (A; with the flags base) against each (what, flags, invert) of
     rows, alternating in one process; a row each. invert: the row's ratio is A over B (B is the setting turned off)."""
-    steps = ["--num_steps=20", "--rounds=5"] if ON_GPU else ["--num_steps=2", "--rounds=2"]
-    code, output = suite.run(name, [sys.executable, "bench.py", *bench_args(), *base, *steps,
+    steps = ["--num_steps=20", "--rounds=5"] if suite.gpu else ["--num_steps=2", "--rounds=2"]
+    code, output = suite.run(name, [sys.executable, "bench.py", *bench_args(suite.gpu), *base, *steps,
                                     "--compare=" + "; ".join(flags for _, flags, _ in rows)], 600)
     figures = {m[1]: m.groups()[1:] for m in CONFIG_LINE.finditer(output)}
     stopped = re.search(r"^stopped by SIGTERM after (\d+) of (\d+) rounds", output, re.M)
@@ -185,7 +187,7 @@ def step_env(suite: Suite, args):
         "torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else "
         "print('no GPU: the reduced CPU suite')")],
                              120)
-    if ON_GPU:  # side-by-side checks need a compute mode that lets several processes share the GPU
+    if suite.gpu:  # side-by-side checks need a compute mode that lets several processes share the GPU
         smi = suite.run("nvidia_smi", ["nvidia-smi", "--query-gpu=name,compute_mode,memory.total,driver_version",
                                        "--format=csv,noheader"], 60)[1]
         output += "nvidia-smi: " + smi.strip()
@@ -222,11 +224,11 @@ LLAMA_GPU = ["--n_layer=6", "--n_head=6", "--n_kv_head=2", "--n_embd=384", "--bl
              "--dropout=0.2", "--eval_iters=200"]
 
 
-def char_runs() -> list[tuple[str, str, list[str]]]:
+def char_runs(gpu: bool, fp8: bool) -> list[tuple[str, str, list[str]]]:
     recipe, llama = "config/train_shakespeare_char.py", "config/train_llama_char.py"
     runs = [("char_fast", recipe, FAST), ("char_plain", recipe, PLAIN), ("char_plain_seed", recipe, [*PLAIN, "--seed=1338"]),
-            ("llama_char", llama, [*FAST, *(LLAMA_GPU if ON_GPU else ["--n_kv_head=1"])])]
-    if FP8_GPU:  # on a CPU fp8 is emulated, and tests/test_fp8.py checks it
+            ("llama_char", llama, [*FAST, *(LLAMA_GPU if gpu else ["--n_kv_head=1"])])]
+    if fp8:  # on a CPU fp8 is emulated, and tests/test_fp8.py checks it
         runs.append(("char_fp8", recipe, [*FAST, "--fp8=True"]))
     return runs
 
@@ -242,12 +244,12 @@ WARM = ("import subprocess, sys\n"
 SAME_GRAPH = ("--sync_every_step=True", "--optimizer=muon", "--compile=False")  # A's compiled graph, or none
 
 
-def warm_configs() -> list[list[str]]:
+def warm_configs(gpu: bool, fp8: bool) -> list[list[str]]:
     """The timed steps' compiled configs (A first: every step times against it), dealt to two processes; none on
     a CPU."""
-    if not ON_GPU:
+    if not gpu:
         return []
-    configs = ["--batch_size=12"] + [flags for _, flags, _ in fastpaths() + OPTIONS if flags not in SAME_GRAPH]
+    configs = ["--batch_size=12"] + [flags for _, flags, _ in fastpaths(gpu, fp8) + OPTIONS if flags not in SAME_GRAPH]
     return [configs[0::2], configs[1::2]]
 
 
@@ -255,21 +257,21 @@ def step_checks(suite: Suite, args):
     """The CUDA tests and the Shakespeare char runs, all at once (their results count, not their speed); on a GPU,
     bench.py compiles the configs of the timed steps alongside, so that their compiles hit the caches later."""
     data = char_data(suite, args)
-    env = {"TORCHINDUCTOR_COMPILE_THREADS": "4"} if ON_GPU else {}  # many processes share the CPU's cores
+    env = {"TORCHINDUCTOR_COMPILE_THREADS": "4"} if suite.gpu else {}  # many processes share the CPU's cores
     # the CUDA tests: on a GPU in two processes, the longest pair apart from the rest, so they end with the char
     # runs; on a CPU, where they all skip, in one
-    selections = [["-k", "fp8 or resume"], ["-k", "not (fp8 or resume)"]] if ON_GPU else [[]]
+    selections = [["-k", "fp8 or resume"], ["-k", "not (fp8 or resume)"]] if suite.gpu else [[]]
     tests = [f"tests_{i}" for i in range(len(selections))]
     jobs = [suite.start(name, [sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_cuda.py", *k], env=env)
             for name, k in zip(tests, selections)]
-    runs = char_runs() if data else []
+    runs = char_runs(suite.gpu, suite.fp8) if data else []
     for name, config, flags in runs:
         jobs.append(suite.start(name, [sys.executable, "train.py", config, f"--dataset={data}",
                                        f"--out_dir={os.path.join(args.work, name)}", f"--max_iters={args.char_iters}",
                                        f"--lr_decay_iters={args.char_iters}", "--wandb_log=False", "--log_interval=50",
-                                       "--overwrite=True", *(GPU_CHAR if ON_GPU else CPU_CHAR), *flags], env=env))
+                                       "--overwrite=True", *(GPU_CHAR if suite.gpu else CPU_CHAR), *flags], env=env))
     warmers = [suite.start(f"compile_warm_{i}", [sys.executable, "-c", WARM, *configs], env=env)
-               for i, configs in enumerate(warm_configs())]
+               for i, configs in enumerate(warm_configs(suite.gpu, suite.fp8))]
     results = {job["name"]: suite.wait(job, 900) for job in jobs}
     for job in warmers:  # what they compiled is in the caches; the rest compiles in its own step
         suite.wait(job, 0)
@@ -277,7 +279,7 @@ def step_checks(suite: Suite, args):
     for name in tests:
         lines = [line for line in results[name][1].splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", line)]
         summaries.append(lines[-1].strip("= ") if lines else f"no summary (logs/{name}.log)")
-    suite.row(f"CUDA tests (tests/test_cuda.py, in {'two processes' if ON_GPU else 'one process'})",
+    suite.row(f"CUDA tests (tests/test_cuda.py, in {'two processes' if suite.gpu else 'one process'})",
               all(results[n][0] == 0 for n in tests), "; ".join(summaries))
     if not data:
         suite.row("Shakespeare char runs", False, "could not prepare tiny Shakespeare: see logs/char_prepare.log")
@@ -287,24 +289,24 @@ def step_checks(suite: Suite, args):
     side = f"{len(jobs) + len(warmers)} processes side by side, so no speed is quoted"
     fast, plain, seed = s["char_fast"], s["char_plain"], s["char_plain_seed"]
     n = args.char_iters
-    suite.row(f"Shakespeare char, {'bf16 + compile' if ON_GPU else 'tiny model on the CPU'}, {n} steps", fast is not None,
+    suite.row(f"Shakespeare char, {'bf16 + compile' if suite.gpu else 'tiny model on the CPU'}, {n} steps", fast is not None,
               f"val loss {fast['final_val_loss']:.4f} (best {fast['best_val_loss']:.4f}), {fast['wall_time_s']:.0f} s "
               f"wall ({side})" if fast else "see logs/char_fast.log")
     ok = fast is not None and plain is not None and seed is not None
     suite.row(f"fast path vs plain path, Shakespeare char {n} steps", ok,
               f"val loss {fast['final_val_loss']:.4f} fast (loss_chunk={LOSS_CHUNK}, verdicts on the device"
-              f"{', compile' if ON_GPU else ''}) vs {plain['final_val_loss']:.4f} plain (a host sync every step, full "
+              f"{', compile' if suite.gpu else ''}) vs {plain['final_val_loss']:.4f} plain (a host sync every step, full "
               f"logits, eager, batches read in the loop), a difference of "
               f"{fast['final_val_loss'] - plain['final_val_loss']:+.4f}; the plain path "
               f"with another seed: {seed['final_val_loss']:.4f} ({seed['final_val_loss'] - plain['final_val_loss']:+.4f})"
               if ok else "see logs/char_fast.log, char_plain.log, char_plain_seed.log")
-    if FP8_GPU:
+    if suite.fp8:
         fp8 = s["char_fp8"]
         suite.row(f"fp8 vs bf16 (both on the fast path), Shakespeare char {n} steps", fp8 is not None and fast is not None,
                   f"val loss {fp8['final_val_loss']:.4f} fp8 vs {fast['final_val_loss']:.4f} bf16"
                   if fp8 and fast else "see logs/char_fp8.log")
     llama = s["llama_char"]
-    suite.row(f"LLaMA-style (config/train_llama_char.py{' at the recipe size' if ON_GPU else ''}) vs GPT-2-style, "
+    suite.row(f"LLaMA-style (config/train_llama_char.py{' at the recipe size' if suite.gpu else ''}) vs GPT-2-style, "
               f"Shakespeare char {n} steps", llama is not None and fast is not None,
               f"val loss {llama['final_val_loss']:.4f} (best {llama['best_val_loss']:.4f}) LLaMA-style vs "
               f"{fast['final_val_loss']:.4f} (best {fast['best_val_loss']:.4f}) GPT-2-style, same steps and tokens"
@@ -314,15 +316,15 @@ def step_checks(suite: Suite, args):
 def step_gpt2(suite: Suite, args):
     """GPT-2 124M at block 1024: the default micro-batch 12, the memory plan's batch_size='auto' and twice that
     (the largest that fits; on a CPU, bench.py's small model at batch 12 and 32)."""
-    what = "GPT-2 124M, batch {} x 1024, bf16, compile, fused AdamW" if ON_GPU else "CPU model, batch {} x 64, eager"
-    steps = ["--num_steps=30"] if ON_GPU else ["--num_steps=3"]
+    what = "GPT-2 124M, batch {} x 1024, bf16, compile, fused AdamW" if suite.gpu else "CPU model, batch {} x 64, eager"
+    steps = ["--num_steps=30"] if suite.gpu else ["--num_steps=3"]
     auto = None
-    for batch in ([12, "auto", "double"] if ON_GPU else [12, 32]):
+    for batch in ([12, "auto", "double"] if suite.gpu else [12, 32]):
         if batch == "double":
             if auto is None:
                 break
             batch = 2 * auto
-        code, output = suite.run(f"gpt2_b{batch}", [sys.executable, "bench.py", *bench_args(), f"--batch_size={batch}",
+        code, output = suite.run(f"gpt2_b{batch}", [sys.executable, "bench.py", *bench_args(suite.gpu), f"--batch_size={batch}",
                                                     *steps], 300)
         match = BENCH_LINE.search(output) if code == 0 else None
         chosen = re.search(r"batch_size auto: (\d+)", output)
@@ -367,15 +369,15 @@ OPTIONS = [
 ]
 
 
-def fastpaths() -> list[tuple[str, str, bool]]:
+def fastpaths(gpu: bool, fp8: bool) -> list[tuple[str, str, bool]]:
     """The speed settings this machine times: those that mean something on a CPU there, fp8 where the GPU has it."""
-    rows = FASTPATHS if ON_GPU else FASTPATHS[:2]
-    return [row for row in rows if FP8_GPU or "fp8" not in row[1]]
+    rows = FASTPATHS if gpu else FASTPATHS[:2]
+    return [row for row in rows if fp8 or "fp8" not in row[1]]
 
 
 def step_fastpaths(suite: Suite, args):
     """Each speed setting against GPT-2 124M's defaults, from one bench.py --compare."""
-    compare(suite, "fastpaths", fastpaths())
+    compare(suite, "fastpaths", fastpaths(suite.gpu, suite.fp8))
 
 
 def step_options(suite: Suite, args):
@@ -390,9 +392,9 @@ def step_prefetch(suite: Suite, args):
     the disk there, and how many bytes the latter read from storage (none where eviction does nothing, as on a
     tmpfs)."""
     # on a CPU, ids under the small model's vocabulary (bench_args), which GPT-2's would multiply by 7
-    data = synthetic_tokens(args.work, 500_000_000, 50257) if ON_GPU else synthetic_tokens(args.work, 1_000_000, 512)
+    data = synthetic_tokens(args.work, 500_000_000, 50257) if suite.gpu else synthetic_tokens(args.work, 1_000_000, 512)
     job = suite.start("get_batch", [sys.executable, "bench.py", "--mode=get_batch", "--batch_size=12",
-                                    "--block_size=1024", f"--token_file_tokens={100_000_000 if ON_GPU else 1_000_000}"],
+                                    "--block_size=1024", f"--token_file_tokens={100_000_000 if suite.gpu else 1_000_000}"],
                       env={"TMPDIR": args.work})
     code, output = suite.wait(job, 120)
     cached = re.search(r"^uint16, batch 12 x 1024: get_batch (\d+ us)", output, re.M)
@@ -400,18 +402,18 @@ def step_prefetch(suite: Suite, args):
     suite.row("get_batch, 12 x 1024 tokens, from the page cache and from the disk", cached is not None,
               f"{cached[1]} from the page cache; from the disk {disk[1] if disk else '(no eviction on this system)'}"
               if cached else "see logs/get_batch.log")
-    what = ("GPT-2 124M reading its tokens from a 1 GB file" if ON_GPU
+    what = ("GPT-2 124M reading its tokens from a 1 GB file" if suite.gpu
             else "the CPU model reading its tokens from a 2 MB file")
     compare(suite, "prefetch", [(f"batches read ahead (prefetch_batches=4) vs in the loop, {what} evicted from the page "
                                  "cache before each round",
                                  "--prefetch_batches=0", True)],
-            base=("--real_data=True", f"--dataset={data}", "--cold_data=True", *(["--vocab_size=0"] if ON_GPU else [])))
+            base=("--real_data=True", f"--dataset={data}", "--cold_data=True", *(["--vocab_size=0"] if suite.gpu else [])))
 
 
 def step_autotune(suite: Suite, args):
     """compile's max-autotune (tuned kernels, no CUDA graphs: reduce-overhead's row has those) against the default;
     its own step, since tuning takes minutes and its results are not compiled ahead."""
-    if ON_GPU:
+    if suite.gpu:
         compare(suite, "autotune", [("compile max-autotune (no CUDA graphs) vs default",
                                      "--compile_mode=max-autotune-no-cudagraphs", False)])
 
@@ -464,11 +466,11 @@ def step_nanogpt(suite: Suite, args):
     if not args.nanogpt:
         suite.row("this train.py against nanoGPT's", None, "no --nanogpt=PATH given")
         return
-    data_dir = synthetic_tokens(args.work, 50_000_000 if ON_GPU else 1_000_000)
-    block_size = 1024 if ON_GPU else 64
+    data_dir = synthetic_tokens(args.work, 50_000_000 if suite.gpu else 1_000_000)
+    block_size = 1024 if suite.gpu else 64
     common = [f"--dataset={data_dir}", f"--max_iters={args.trainer_iters}", "--eval_interval=100000", "--eval_iters=1",
               "--wandb_log=False", "--always_save_checkpoint=False", f"--block_size={block_size}"]
-    common += ["--compile=True"] if ON_GPU else ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=2",
+    common += ["--compile=True"] if suite.gpu else ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=2",
                                                  "--n_head=2", "--n_embd=64"]
     ms = {}
     for n, b in NANO_SHAPES:
@@ -477,7 +479,7 @@ def step_nanogpt(suite: Suite, args):
         code, output = suite.run(name, [sys.executable, "train.py", *common, *shape, f"--out_dir={args.work}/{name}"],
                                  600, cwd=args.nanogpt)
         ms["nanogpt", n, b] = nanogpt_median_step_ms(output, 5) if code == 0 else None
-        fp8 = FP8_GPU and (n, b) != NANO_SHAPES[0]
+        fp8 = suite.fp8 and (n, b) != NANO_SHAPES[0]
         for trainer, extra in [("ours", [])] + ([("ours_fp8", ["--fp8=True"])] if fp8 else []):
             out_dir = os.path.join(args.work, f"{trainer}_{n}x{b}")
             code, _ = suite.run(f"{trainer}_{n}x{b}", [sys.executable, "train.py", *common, *shape, *args.ours_flags.split(),
@@ -485,6 +487,17 @@ def step_nanogpt(suite: Suite, args):
             ms[trainer, n, b] = median_step_ms(out_dir, 5) if code == 0 else None
     for row in nanogpt_rows(ms, block_size, args.ours_flags):
         suite.row(*row)
+
+
+STEPS = {"env": step_env, "checks": step_checks, "gpt2": step_gpt2, "fastpaths": step_fastpaths,
+         "options": step_options, "nanogpt": step_nanogpt, "prefetch": step_prefetch, "autotune": step_autotune}
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py")  # what the nanogpt step runs of a nanoGPT checkout
+
+
+def next_call(args, parser, steps: list[str]) -> str:
+    """The command that runs steps next: this one's settings, but for --out and --only."""
+    kept = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("out", "only") and v != parser.get_default(k)]
+    return " ".join(["python scripts/gpu_suite.py --out=DIR", f"--only={','.join(steps)}", *kept])
 
 
 if __name__ == "__main__":
@@ -506,35 +519,50 @@ if __name__ == "__main__":
     unknown = set(chosen) - set(STEPS)
     if unknown:
         sys.exit(f"error: unknown steps {sorted(unknown)}: choose among {','.join(STEPS)}")
+    if args.budget <= 0 or args.char_iters < 0 or args.trainer_iters <= 5:  # the nanogpt step's medians skip 5 steps
+        sys.exit("error: --budget must be > 0, --char_iters >= 0 (0: the default) and --trainer_iters > 5")
+    missing = [f for f in NANOGPT_FILES if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, f))]
+    if missing:
+        sys.exit(f"error: --nanogpt={args.nanogpt} lacks {', '.join(missing)}: give a nanoGPT checkout's folder")
     if re.search(r"--(batch_size|gradient_accumulation_steps|block_size)=", args.ours_flags):
         sys.exit(f"error: --ours_flags={args.ours_flags!r} sets the batch shape, which the nanogpt step sets for both "
                  "trainers alike: leave it out")
     import torch
-    ON_GPU = torch.cuda.is_available()
-    FP8_GPU = ON_GPU and torch.cuda.get_device_capability() >= (8, 9)
-    if ON_GPU and "checks" in chosen and not (args.char_data or args.char_text or
+    gpu = torch.cuda.is_available()
+    if gpu and "checks" in chosen and not (args.char_data or args.char_text or
                                               os.path.isfile(os.path.join(ROOT, "data/shakespeare_char/input.txt"))):
         # a borrowed GPU reaches no network: prepare.py would spend minutes of the slot failing to download it
         sys.exit("error: the checks need tiny Shakespeare and data/shakespeare_char/input.txt is not here: carry it "
                  "to this machine, or give --char_text=PATH or --char_data=DIR")
-    args.char_iters = args.char_iters or (2000 if ON_GPU else 20)
-    suite = Suite(args.out, args.work, args.budget)
+    args.char_iters = args.char_iters or (2000 if gpu else 20)
+    suite = Suite(args.out, args.work, args.budget, gpu, gpu and torch.cuda.get_device_capability() >= (8, 9))
     signal.signal(signal.SIGTERM, suite.on_sigterm)
     left_out = []  # steps not started, or stopped at the budget's end: the next call's --only
+    seconds = []  # each step's, for the next run's GPU_SECONDS
     try:
         for name in (s for s in STEPS if s in chosen):
-            needs = 0 if name == "nanogpt" and not args.nanogpt else GPU_SECONDS[name] if ON_GPU else CPU_SECONDS
+            needs = 0 if name == "nanogpt" and not args.nanogpt else GPU_SECONDS[name] if gpu else CPU_SECONDS
             if needs > suite.left():
                 left_out.append(name)
                 suite.row(f"step {name}", None, f"about {needs} s, {max(0, suite.left()):.0f} s of the "
                                                 f"{args.budget:.0f} s budget left")
                 continue
-            globals()[f"step_{name}"](suite, args)
+            t0 = time.time()
+            try:
+                STEPS[name](suite, args)
+            except Exception as e:  # a step's own failure (a tool missing, a full disk) costs none of the steps after it
+                traceback.print_exc()
+                suite.stop_all()
+                suite.row(f"step {name}", False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                                                 " (its traceback is in the suite's output)")
+            seconds.append(f"{name} {time.time() - t0:.0f}")
             if suite.left() <= 0:
                 left_out.append(name)
+        if seconds:
+            suite.row("seconds each step took", True, ", ".join(seconds))
     finally:
         suite.terminated = True  # a SIGTERM from here on must not cut the stopping short
         suite.stop_all()
     if left_out:
-        print(f"not run for lack of time: next, python scripts/gpu_suite.py --out=DIR --only={','.join(left_out)}")
+        print(f"not run for lack of time: next, {next_call(args, parser, left_out)}")
     print("\n" + open(os.path.join(args.out, "table.md")).read())

@@ -482,7 +482,9 @@ def test_the_gpu_suite_runs_its_reduced_version_on_a_cpu(char_data, tmp_path):
     assert sum("x tokens/s (min" in row for row in rows) == 11
     assert any(row.startswith("| fast path vs plain path") and "another seed" in row for row in rows)
     assert any(row.startswith("| get_batch, 12 x 1024 tokens") and "from the page cache" in row for row in rows)
-    assert rows[-1].startswith("| batches read ahead (prefetch_batches=4) vs in the loop")
+    assert rows[-2].startswith("| batches read ahead (prefetch_batches=4) vs in the loop")
+    assert re.fullmatch(r"\| seconds each step took \| ok \| env \d+, checks \d+, gpt2 \d+, fastpaths \d+, options \d+, "
+                        r"nanogpt \d+, prefetch \d+, autotune \d+ \|", rows[-1])
     with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
         assert {"logs/tests_0.log", "logs/char_fast.log", "logs/llama_char.log", "logs/options.log",
                 "logs/get_batch.log", "logs/prefetch.log"} <= set(tar.getnames())
@@ -499,7 +501,8 @@ def test_the_gpu_suite_stops_a_step_at_the_budget_and_names_it_for_the_next_call
     assert result.returncode == 0, result.stderr
     rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
     assert any(row.startswith("| Shakespeare char") and "| FAILED | see logs/char_fast.log" in row for row in rows), rows
-    assert "next, python scripts/gpu_suite.py --out=DIR --only=checks" in result.stdout
+    assert (f"next, python scripts/gpu_suite.py --out=DIR --only=checks --work={tmp_path / 'work'} --budget=8.0 "
+            f"--char_iters=100000 --char_data={char_data}\n") in result.stdout  # the next call keeps this one's settings
     assert re.search(r"char_fast: exit 124 after \d+ s", result.stdout)
     ends = [int(s) for s in re.findall(r"\] \w+: exit 124 after (\d+) s", result.stdout)]  # the tests' too, if stopped
     assert len(ends) >= 4 and max(ends) - min(ends) <= 2, result.stdout  # stopped together, not one by one
@@ -533,6 +536,42 @@ def test_the_gpu_suite_leaves_out_what_its_budget_cannot_hold(tmp_path):
     assert [row.split(" | ")[:2] for row in rows] == [["| step env", "not run"], ["| step gpt2", "not run"],
                                                       ["| step options", "not run"]]
     assert "next, python scripts/gpu_suite.py --out=DIR --only=env,gpt2,options" in result.stdout
+
+
+def test_a_step_of_the_gpu_suite_that_raises_is_a_failed_row_and_the_steps_after_it_run(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "synthetic_tokens_1000000_512").write_text("a file where the prefetch step makes its data")
+    result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
+                        "--only=prefetch,autotune", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
+    assert rows[0].startswith("| step prefetch | FAILED | FileExistsError: ") and "traceback" in rows[0]
+    assert re.fullmatch(r"\| seconds each step took \| ok \| prefetch \d+, autotune \d+ \|", rows[1]), rows
+    assert "Traceback (most recent call last)" in result.stderr
+
+
+def test_the_gpu_suite_compiles_ahead_each_graph_its_timed_steps_compile():
+    """The GPU's choices, which a CPU machine's run of the suite never makes."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gpu_suite import OPTIONS, SAME_GRAPH, char_runs, fastpaths, warm_configs
+    assert warm_configs(gpu=False, fp8=False) == []
+    first, second = warm_configs(gpu=True, fp8=True)
+    timed = [flags for _, flags, _ in fastpaths(True, True) + OPTIONS]
+    assert first[0] == "--batch_size=12" and abs(len(first) - len(second)) <= 1
+    assert sorted(first[1:] + second) == sorted(f for f in timed if f not in SAME_GRAPH)
+    assert len(fastpaths(True, True)) == len(fastpaths(True, False)) + 2 == len(fastpaths(False, False)) + 9
+    assert [name for name, _, _ in char_runs(True, True)][-1] == "char_fp8"
+    assert "char_fp8" not in [name for name, _, _ in char_runs(True, False)]
+
+
+def test_the_gpu_suite_checks_its_nanogpt_checkout_before_it_starts(tmp_path):
+    """Found missing only at the nanogpt step, the checkout cost the steps after it on a borrowed GPU."""
+    (tmp_path / "nanogpt").mkdir()
+    (tmp_path / "nanogpt" / "train.py").write_text("")
+    result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
+                        f"--nanogpt={tmp_path / 'nanogpt'}", cwd=str(tmp_path))
+    assert result.returncode == 1 and not (tmp_path / "out").exists()
+    assert result.stderr == f"error: --nanogpt={tmp_path / 'nanogpt'} lacks model.py, configurator.py: give a nanoGPT checkout's folder\n"
 
 
 def test_the_gpu_suite_reckons_the_nanogpt_ratios_as_tokens_per_second_of_the_same_tokens_per_step():
