@@ -107,15 +107,18 @@ class Suite:
         return code, output
 
     def stop(self, *procs: subprocess.Popen):
-        """SIGTERM to each job's process group (its children too), SIGKILL to what is left 20 s later. A job
-        already sent its SIGTERM (the suite's own SIGTERM came while it waited) is not sent another: train.py
+        """SIGTERM to each job's process group and to every group under it, SIGKILL to what is left 20 s later. A
+        job already sent its SIGTERM (the suite's own SIGTERM came while it waited) is not sent another: train.py
         takes a second one a few seconds on for a hurry, and exits without its checkpoint."""
         fresh = [proc for proc in procs if proc not in self.stopped]
         self.stopped.update(procs)
+        # found before the signals: a test's script, forked by pytest's warm Python into a group of its own, is
+        # an orphan once pytest has gone
+        groups = {proc: process_groups(proc.pid) for proc in procs}
         for sig, grace, targets in ((signal.SIGTERM, 20, fresh), (signal.SIGKILL, 30, procs)):
-            for proc in targets:
+            for group in {g for proc in targets for g in groups[proc]}:
                 try:
-                    os.killpg(proc.pid, sig)
+                    os.killpg(group, sig)
                 except ProcessLookupError:  # nothing of the group is left
                     pass
             deadline = time.time() + grace
@@ -139,6 +142,27 @@ class Suite:
             f.write("| check | result | figures |\n| --- | --- | --- |\n" + "\n".join(self.rows) + "\n")
         with tarfile.open(os.path.join(self.out, "logs.tar.gz"), "w:gz") as tar:
             tar.add(os.path.join(self.work, "logs"), arcname="logs")
+
+
+def process_groups(pid: int) -> set[int]:
+    """The process groups of pid (a job started in a group of its own) and of every process under it, from /proc."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])  # "pid (name) state ppid ...": a name may hold ")"
+        except (OSError, ValueError, IndexError):  # not a process, or one that has just ended
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    groups, todo = {pid}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            try:
+                groups.add(os.getpgid(child))
+            except ProcessLookupError:
+                continue
+            todo.append(child)
+    return groups
 
 
 # ---- bench.py's output

@@ -528,6 +528,39 @@ def test_a_gpu_suite_stopped_by_sigterm_stops_every_job_it_started(char_data, tm
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "work") in " ".join(p.info["cmdline"] or [])]
 
 
+def test_the_gpu_suite_stops_what_a_job_started_in_a_group_of_its_own(tmp_path):
+    """As pytest's warm Python forks a test's script: once the job has gone, that script is an orphan which the
+    job's group no longer reaches, and it would run on into the next step's timings."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gpu_suite import Suite
+    suite = Suite(str(tmp_path / "out"), str(tmp_path / "work"), 60, gpu=False, fp8=False)
+    forks = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+             "process_group=0); print(p.pid, flush=True); time.sleep(600)")
+    job = suite.start("forks", [sys.executable, "-c", forks])
+    for _ in range(300):
+        lines = open(job["log"]).read().splitlines()
+        if len(lines) > 1:
+            break
+        time.sleep(0.05)
+    grandchild = int(lines[1])
+    assert os.getpgid(grandchild) == grandchild != job["proc"].pid
+    code, _ = suite.wait(job, 0.1)
+    assert code == 124
+    import psutil
+
+    def running(pid) -> bool:  # a zombie has ended: its new parent has yet to reap it
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    deadline = time.time() + 5
+    while running(grandchild) and time.time() < deadline:
+        time.sleep(0.05)
+    if running(grandchild):
+        os.kill(grandchild, signal.SIGKILL)
+        pytest.fail("the job's own group was stopped, and the group it started was left running")
+
+
 def test_the_gpu_suite_leaves_out_what_its_budget_cannot_hold(tmp_path):
     result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
                         "--only=env,gpt2,options", "--budget=3", cwd=str(tmp_path))
