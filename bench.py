@@ -350,7 +350,7 @@ def model_of(cfg: dict) -> tuple[str, str, object, GPT]:
 
 
 def build(cfg: dict) -> dict:
-    """A training step of the config cfg, ready to time: {'step': f(i) -> loss, 'model', 'tokens_per_step',
+    """A training step of the config cfg, ready to time: {'step': f() -> loss, 'model', 'tokens_per_step',
     'device_type'}. The step is train.py's: micro-steps, gradient clipping, the skip verdict, the update."""
     from common import check_compile_mode, compile_problem
     from dataset import Prefetcher, load_dataset, read_batch
@@ -389,14 +389,14 @@ def build(cfg: dict) -> dict:
         cold_files = [path for split in data["splits"].values() for path, _ in split] if cfg["cold_data"] else []
         wait_reads = batches.wait
 
-        def batch(i):
+        def batch():
             return next(batches)
     else:
         tokens = torch.randint(vocab, (B, T + 1), generator=torch.Generator().manual_seed(cfg["seed"]))
         x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
         cold_files, wait_reads = [], lambda: None
 
-        def batch(i):
+        def batch():
             return x, y
     optimizer = build_optimizer(model, cfg["optimizer"], cfg["weight_decay"], cfg["learning_rate"],
                                 (cfg["beta1"], cfg["beta2"]), cfg["muon_lr"], cfg["muon_momentum"], device_type)
@@ -407,11 +407,11 @@ def build(cfg: dict) -> dict:
     train_model = torch.compile(model, mode=how, dynamic=False) if compiled else model
     accum, clip = cfg["gradient_accumulation_steps"], cfg["grad_clip"] or float("inf")
 
-    def step(i):
+    def step():
         """One optimizer step; returns the loss tensor (not synchronised)."""
         loss_sum = torch.zeros((), device=device)
-        for micro in range(accum):
-            x, y = batch(i * accum + micro)
+        for _ in range(accum):
+            x, y = batch()
             with ctx:
                 loss = train_model(x, y)[1]  # as train.py: the logits are not held through backward
             scaler.scale(loss / accum).backward()
@@ -489,15 +489,15 @@ def disk_reads() -> int | None:
         return None
 
 
-def time_steps(run: dict, first: int, n: int) -> tuple[float, torch.Tensor]:
-    """Seconds per step of n steps from step `first`, the device drained before and after, and so are the
+def time_steps(run: dict, n: int) -> tuple[float, torch.Tensor]:
+    """Seconds per step of the next n steps, the device drained before and after, and so are the
     batches read ahead (Prefetcher.wait); and the last loss. With cold_data the dataset's files leave the page
     cache first."""
     evict(run["cold_files"])
     synchronize(run["device_type"])
     t0 = time.perf_counter()
-    for i in range(first, first + n):
-        loss = run["step"](i)
+    for _ in range(n):
+        loss = run["step"]()
     run["wait_reads"]()
     synchronize(run["device_type"])
     return (time.perf_counter() - t0) / n, loss
@@ -513,8 +513,8 @@ def figures(run: dict, dt: float, device: str) -> str:
 def warm_up(run: dict, steps: int) -> str:
     """Run the first steps (compilation included) untimed; the line that says how long they took."""
     t0 = time.perf_counter()
-    for i in range(steps):
-        run["step"](i)
+    for _ in range(steps):
+        run["step"]()
     synchronize(run["device_type"])
     return f"warm-up: {steps} steps in {time.perf_counter() - t0:.1f} s (compilation included)"
 
@@ -614,8 +614,7 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
     done = 0
     while done < rounds and (not stopped or not done):
         for label in list(runs):
-            attempt(label, lambda: times[label].append(time_steps(runs[label], warmup_steps + done * num_steps,
-                                                                  num_steps)[0]))
+            attempt(label, lambda: times[label].append(time_steps(runs[label], num_steps)[0]))
         done += 1
         print(f"round {done}/{rounds}: " + ", ".join(f"{label} {times[label][-1] * 1000:.2f} ms/iter" for label in runs),
               flush=True)
@@ -719,11 +718,11 @@ if __name__ == "__main__":
         from torch.profiler import ProfilerActivity, profile as torch_profile, tensorboard_trace_handler
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run["device_type"] == "cuda" else [])
         with torch_profile(activities=activities, on_trace_ready=tensorboard_trace_handler("bench_trace")) as prof:
-            time_steps(run, warmup_steps, num_steps)
+            time_steps(run, num_steps)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
         print("trace written to bench_trace/")
     else:
-        dt, loss = time_steps(run, warmup_steps, num_steps)
+        dt, loss = time_steps(run, num_steps)
         mfu_text = "" if peak_flops(device) else " (MFU: peak FLOP/s unknown for this device)"
         memory_text = ""
         if run["device_type"] == "cuda":  # beside memory.py's plan for the same step, which train.py checks runs against

@@ -135,13 +135,8 @@ def declared_vocab(data_dir: str) -> tuple[int | None, dict]:
     return (meta or pkl or {}).get("vocab_size"), vocabulary_of(meta, pkl)
 
 
-def vocabulary(data_dir: str) -> dict:
-    """{'tokenizer', 'chars'} of a dataset folder (declared_vocab's)."""
-    return declared_vocab(data_dir)[1]
-
-
 def vocabulary_of(meta: dict | None, pkl: dict | None) -> dict:
-    """vocabulary's answer from a meta.json and a meta.pkl already read (either may be None)."""
+    """{'tokenizer', 'chars'} of a dataset from its meta.json and meta.pkl, already read (either may be None)."""
     if meta is not None:
         return {"tokenizer": meta["tokenizer"], "chars": meta.get("chars")}
     if pkl is not None:

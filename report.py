@@ -163,14 +163,14 @@ class Reporter:
         if self.active and (always or self.format != "quiet"):
             print(json_text({"message": text}) if self.format == "json" else text, flush=True)
 
-    def start(self, config: dict, info: dict, truncate_at: int | None, wandb_settings: dict | None) -> str | None:
-        """Write config.json and run.json, drop metrics rows and samples past truncate_at (None keeps them all,
-        -1 drops them all), start wandb when wandb_settings (project, name, id, and `relogs`: whether this session's
+    def start(self, config: dict, info: dict, truncate_at: int, wandb_settings: dict | None) -> str | None:
+        """Write config.json and run.json, drop metrics rows and samples past truncate_at (-1, a new run: all of
+        them), start wandb when wandb_settings (project, name, id, and `relogs`: whether this session's
         steps may differ from those the run logged past truncate_at) are given; returns the wandb run id."""
         if not self.active:
             return None
         path = metrics.metrics_path(self.out_dir)
-        resumed = truncate_at is not None and truncate_at >= 0
+        resumed = truncate_at >= 0
         earlier = earlier_sessions(self.out_dir) if resumed else []  # the sessions before, read before any write
         logged = -1  # the last iter the run logged
         if resumed and os.path.exists(path):  # a damaged metrics.csv is an error before any file is written
@@ -205,11 +205,10 @@ class Reporter:
             with writing_run_files(self.out_dir, "summary.json"):
                 if os.path.exists(os.path.join(self.out_dir, "summary.json")):
                     os.remove(os.path.join(self.out_dir, "summary.json"))
-        if truncate_at is not None:
-            with writing_run_files(self.out_dir, "metrics.csv"):
-                metrics.truncate(self.out_dir, truncate_at)
-            with writing_run_files(self.out_dir, "samples.txt"):
-                self.samples = truncate_samples(self.out_dir, truncate_at)  # wandb's table goes on with these
+        with writing_run_files(self.out_dir, "metrics.csv"):
+            metrics.truncate(self.out_dir, truncate_at)
+        with writing_run_files(self.out_dir, "samples.txt"):
+            self.samples = truncate_samples(self.out_dir, truncate_at)  # wandb's table goes on with these
         return run_id
 
     def eval(self, it: int, tokens: int, losses: dict):

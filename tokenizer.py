@@ -77,11 +77,6 @@ def read_ranks(path: str) -> bytes:
                         "gpt2.tiktoken") from None
 
 
-def encoding_from_ranks(path: str) -> tiktoken.Encoding:
-    """GPT-2's encoding built from a rank file, after checking it is GPT-2's."""
-    return encoding_from_bytes(read_ranks(path), path)
-
-
 def encoding_from_bytes(data: bytes, source: str) -> tiktoken.Encoding:
     """GPT-2's encoding built from the bytes of a rank file (from `source`, which an error names), after checking
     they are GPT-2's. Each line is a token's bytes in base64 and its rank."""
@@ -191,7 +186,7 @@ def decodable_ids(vocab: dict | None) -> int | None:
 
 
 def codec(vocab: dict | None, vocab_size: int | None = None):
-    """(encode, decode) for a vocabulary ({'tokenizer', 'chars'}, as dataset.vocabulary gives and checkpoints
+    """(encode, decode) for a vocabulary ({'tokenizer', 'chars'}, as dataset.vocabulary_of gives and checkpoints
     keep): its characters for a character vocabulary, else GPT-2's BPE. Either encodes the text <|endoftext|>
     as the token that decode writes so: GPT-2's, or the id after the characters, which data/prepare.py's
     character datasets end documents with, when the model has it (vocab_size, the model's, is past them)."""

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import gpt2_rank_file, load_module, run_script, shakespeare
 from common import UserError
-from tokenizer import encoding_from_ranks, gpt2_encoding
+from tokenizer import encoding_from_bytes, gpt2_encoding, read_ranks
 
 
 def test_char_prepare_writes_splits_and_vocabulary(char_data):
@@ -54,7 +54,7 @@ def test_a_rank_file_that_is_not_gpt2s_is_refused(tmp_path):
     fake = tmp_path / "fake.tiktoken"
     fake.write_bytes(open(gpt2_rank_file(), "rb").read()[:-10])
     with pytest.raises(ValueError, match="is not GPT-2's rank file"):
-        encoding_from_ranks(str(fake))
+        encoding_from_bytes(read_ranks(str(fake)), str(fake))
 
 
 def test_shakespeare_bpe_prepare_matches_nanogpts_token_counts(tmp_path):
@@ -128,7 +128,7 @@ def test_an_encoding_written_back_as_a_rank_file_is_gpt2_tiktoken_byte_for_byte(
     import tokenizer
     with open(gpt2_rank_file(), "rb") as f:
         data = f.read()
-    assert tokenizer.rank_file_bytes(encoding_from_ranks(gpt2_rank_file())) == data
+    assert tokenizer.rank_file_bytes(encoding_from_bytes(data, gpt2_rank_file())) == data
     assert tokenizer.encoding_from_bytes(data, "the download").encode("hello world") == [31373, 995]
     with pytest.raises(UserError, match="^the download is not GPT-2's rank file"):
         tokenizer.encoding_from_bytes(data[:-1], "the download")
