@@ -5,7 +5,6 @@ and the wandb call. Only rank 0 reports: other ranks get a Reporter that writes 
 is one edit here.
 """
 import datetime
-import json
 import os
 import re
 import shlex
@@ -145,11 +144,7 @@ def earlier_sessions(out_dir: str) -> list[dict]:
 
 def read_summary(out_dir: str) -> dict | None:
     """A finished run's summary.json (Reporter.summary writes it), or None where the run did not finish."""
-    path = os.path.join(out_dir, "summary.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    return read_json(os.path.join(out_dir, "summary.json"), "it was not written by this trainer: run again")
 
 
 class Reporter:
