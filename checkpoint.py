@@ -1,6 +1,8 @@
 """
 Checkpoints that survive crashes and resume exactly: atomic writes, strict loading, best and step copies,
-and the RNG states of every rank.
+and the RNG states of every rank. And the weights a run, sample.py, eval.py or export.py starts from
+(load_pretrained, load_trained): a checkpoint file of ours or nanoGPT's, GPT-2 by name or a transformers folder,
+with the checks that they fit the data (vocabulary, shape, context).
 """
 import hashlib
 import os
@@ -229,7 +231,8 @@ def read_model_file(path: str, dropout: float) -> tuple[GPT, dict | None, dict |
 
 
 def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, dict | None]:
-    """The model that a new run (or sample.py) starts from, when init_from names one: a checkpoint file, a GPT-2
+    """The model that a new run (or, through load_trained, sample.py, eval.py or export.py) starts from, when
+    init_from names one: a checkpoint file, a GPT-2
     name, or a transformers folder. Returns (model, its vocabulary or None for GPT-2's BPE or unknown, optimizer
     state or None)."""
     if os.path.isfile(init_from):

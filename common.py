@@ -1,7 +1,7 @@
 """
 The ground floor that every script stands on: the user-error type and the scripts' error hook, device and
 dtype resolution, the autocast context, joining torchrun's process group, the compile check, peak FLOP/s by GPU, and the one durable atomic
-write that every file of the project goes through. It imports nothing from the project, and torch only
+write that every file the project replaces whole goes through (metrics.csv and samples.txt are appended to). It imports nothing from the project, and torch only
 inside the device helpers: data preparation and its worker processes use this module without loading torch.
 """
 import errno

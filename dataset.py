@@ -1,7 +1,8 @@
 """
 Datasets on disk: the one owner of meta.json (write_meta and read_meta), the checks that a dataset's token
 files are whole, get_batch, which draws a batch of windows from them, and Prefetcher, which reads batches
-ahead on background threads. Used by train.py, bench.py, sample.py, tokenizer.py and every prepare script.
+ahead on background threads. Used by train.py, bench.py, checkpoint.py and data/prepare.py (so every prepare
+script).
 
 A dataset folder holds meta.json (written by data/prepare.py and the data/*/prepare.py scripts) and its
 token files; nanoGPT's layout (train.bin and val.bin as uint16, maybe meta.pkl) is read too.

@@ -54,9 +54,9 @@ def read_examples(path: str) -> list[dict]:
                 item = json.loads(line.decode("utf-8-sig" if n == 1 else "utf-8"))  # a byte order mark may start it
                 ok = (isinstance(item["ctx"], str) and item["ctx"] != "" and isinstance(item["endings"], list)
                       and len(item["endings"]) == 4 and all(isinstance(e, str) for e in item["endings"])
-                      and item["label"] in (0, 1, 2, 3, "0", "1", "2", "3")  # a string: as Hugging Face's copy
+                      and item["label"] in (0, 1, 2, 3, "0", "1", "2", "3")  # a string as Hugging Face's copy has it
                       and type(item["label"]) in (int, str))  # not true or 1.0, which equal 1
-                # stores it; an empty ctx would leave an ending's first token unscored
+                # an empty ctx would leave an ending's first token unscored
             except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
                 ok = False
             if not ok:

@@ -1,6 +1,6 @@
 """
 The GPT language model: one file, no dependencies beyond torch. GPT-2 by default; each GPTConfig field
-below `loss_chunk` switches one part to its LLaMA-era alternative (rotary positions, RMSNorm, SwiGLU or
+from `pos_emb` on switches one part to its LLaMA-era alternative (rotary positions, RMSNorm, SwiGLU or
 ReLU^2, grouped-query attention, QK-norm, untied embeddings), and the defaults are GPT-2 bit for bit.
 
 Parameter names follow GPT-2's published checkpoints (transformer.h.0.attn.c_attn, ...) so that hf.py

@@ -1,5 +1,5 @@
 """
-Plots runs from their out_dir/metrics.csv, overlaid, into one PNG:
+Plots runs from their out_dir/metrics.csv, overlaid, into one figure (PNG, or PDF or SVG by --out's suffix):
 
     python plot.py out-shakespeare-char                    # writes out-shakespeare-char/plot.png
     python plot.py out-a out-b --out compare.png --smooth 0.9 --logx

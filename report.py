@@ -1,8 +1,8 @@
 """
 How a run reports. The loop makes one call per event (start, eval, step, sample, summary; eval_only for a
 run that only evaluates); this module turns each into the progress line or JSON line, the metrics.csv row
-and the wandb call. Only rank 0 reports: other ranks get a Reporter that writes nothing. Adding a metric
-is one edit here.
+and the wandb call. Only rank 0 reports: other ranks get a Reporter that writes nothing. A new metric is a
+column in metrics.COLUMNS, an argument of Reporter.step and the loop's value for it.
 """
 import datetime
 import os

@@ -49,13 +49,13 @@ from sharding import full, full_state, shard
 from tokenizer import codec as codec_of, decodable_ids, encode_setting
 
 # ---- I/O
-out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json and summary.json go [out_dir != '']
+out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run.json, summary.json, eval.json and run.lock go [out_dir != '']
 eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last [eval_interval > 0]
 log_interval = 1  # print a progress line every this many steps [log_interval > 0]
 log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals, samples, the summary, skipped steps, stops and a resume's changed settings) [log_format in ('text', 'json', 'quiet')]
 eval_iters = 200  # batches per split in each evaluation [eval_iters > 0]
 dry_run = False  # print the memory plan, tokens per step, model size and FLOPs per token, then exit: nothing is trained or written
-eval_only = False  # evaluate a trained model once (resume or gpt2*), write out_dir/eval.json and exit; the run's own files stay as they are
+eval_only = False  # evaluate a trained model once (resume, or any init_from), write out_dir/eval.json and exit; the run's own files stay as they are
 always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves (the last eval always writes it)
 keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
 max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (counted at log lines) [max_nonfinite_steps > 0]
@@ -341,7 +341,7 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
 if __name__ == "__main__":
     sys.excepthook = excepthook
     given = set()  # the settings the user set, if to their default (see check_same_shape)
-    config = configurator.configure(config_defaults, sys.argv[1:], __file__, check=False, given=given)  # types
+    config = configurator.configure(config_defaults, sys.argv[1:], __file__, check=False, given=given)  # types; rules below
     setting_rules = configurator.rules(__file__, config_defaults)
     # a resume's other settings are the run's own unless given (below): their rules are checked once they are known
     configurator.check_rules(config, {k: rule for k, rule in setting_rules.items()

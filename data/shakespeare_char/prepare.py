@@ -112,7 +112,7 @@ def prepare(text: str, out_dir: str, source: str = "text given to prepare()", ov
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", help="a text file to use instead of tiny Shakespeare")
-    parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.pkl")
+    parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin, meta.json and meta.pkl")
     parser.add_argument("--overwrite", action="store_true", help="replace the dataset that --out_dir holds")
     args = parser.parse_args()
     overwrite = args.overwrite or os.path.realpath(args.out_dir) == os.path.realpath(HERE)
