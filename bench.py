@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 import configurator
-from common import UserError, check_device, excepthook, peak_flops
+from common import (UserError, autocast_context, check_compile_mode, check_device, compile_problem, excepthook, peak_flops,
+                    resolve_dtype)
 from fp8 import check_fp8, use_fp8
 from model import GPT, GPTConfig
 
@@ -313,7 +314,6 @@ def planned_batch(cfg: dict, compiled: bool) -> int:
     device's free memory. A number: itself, checked on a CPU, where a step past the free memory would have the
     kernel kill the process and every config's figures with it (a GPU's out-of-memory error is reported, and
     left out of the comparison, as any failing config's)."""
-    from common import resolve_dtype
     from memory import check_fits, free_bytes, largest_batch, plan
     device_type = check_device(cfg["device"])
     if cfg["batch_size"] != "auto" and device_type != "cpu":
@@ -337,7 +337,6 @@ def planned_batch(cfg: dict, compiled: bool) -> int:
 
 def model_of(cfg: dict) -> tuple[str, str, object, GPT]:
     """The device type, dtype and autocast context of the config cfg, and its model, seeded and on the device."""
-    from common import autocast_context, resolve_dtype
     device_type = check_device(cfg["device"])
     dtype = resolve_dtype(cfg["dtype"], device_type)
     torch.manual_seed(cfg["seed"])
@@ -352,7 +351,6 @@ def model_of(cfg: dict) -> tuple[str, str, object, GPT]:
 def build(cfg: dict) -> dict:
     """A training step of the config cfg, ready to time: {'step': f() -> loss, 'model', 'tokens_per_step',
     'device_type'}. The step is train.py's: micro-steps, gradient clipping, the skip verdict, the update."""
-    from common import check_compile_mode, compile_problem
     from dataset import Prefetcher, load_dataset, read_batch
     from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 

@@ -15,6 +15,7 @@ import torch
 
 from common import UserError, read_json
 from model import GPT, GPTConfig
+from tokenizer import EOT, decodable_ids, gpt2_encoding
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes on the Hugging Face hub
 EPS = 1e-5  # model.py's LayerNorm and RMSNorm epsilon
@@ -134,7 +135,6 @@ def to_transformers(model: GPT, vocab: dict | None = None):
     if missing or unexpected:  # a transformers version with other names: say so rather than export a broken model
         raise UserError(f"this transformers version names {cls.__name__}'s weights differently (missing "
                         f"{missing[:3]}, unexpected {unexpected[:3]}): export with transformers 4.4x or 5.x")
-    from tokenizer import decodable_ids
     decodable = decodable_ids(vocab)
     if decodable is not None and model.config.vocab_size > decodable:  # a padded vocabulary's rows decode to nothing
         hf_model.generation_config.suppress_tokens = list(range(decodable, model.config.vocab_size))
@@ -337,7 +337,6 @@ def write_tokenizer(vocab: dict | None, vocab_size: int, folder: str) -> str:
                                    eos_token="<|endoftext|>" if eot else None).save_pretrained(folder)
         article = "an" if str(len(chars))[0] == "8" or len(chars) in (11, 18) else "a"  # an 86-, an 11-
         return f"{article} {len(chars)}-character tokenizer" + (" with <|endoftext|>" if eot else "")
-    from tokenizer import EOT, gpt2_encoding
 
     enc = gpt2_encoding()
     ranks = {enc.decode_single_token_bytes(i): i for i in range(EOT)}
