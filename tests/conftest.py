@@ -1,7 +1,7 @@
 """Shared fixtures and helpers: small real data, a runner for the scripts, readers for what a run writes.
 
 Tiny Shakespeare and GPT-2's rank file come from ../shared/data when it is there (it saves a download),
-else by the routes the main job takes: data/shakespeare_char/prepare.py's text sources and tokenizer.py's
+else by the routes the main job takes: data/tinyshakespeare.py's text sources and tokenizer.py's
 package-index fallback. Where that yields another text than the canonical tiny Shakespeare (the Gutenberg
 plays), the tests that pin its exact counts check the same properties against the text they got."""
 import functools
@@ -44,13 +44,15 @@ def shakespeare() -> dict:
             text = f.read()
     else:
         here = tempfile.mkdtemp(prefix="shakespeare_")
-        text, _ = load_module("data/shakespeare_char/prepare.py").load_text(None, here=here)
+        from data.tinyshakespeare import CHAR_DIR, load_text
+        text, _ = load_text(None, [here, CHAR_DIR])
         path = os.path.join(here, "input.txt")
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         with open(path, encoding="utf-8") as f:  # read back as prepare.py reads it (newlines translated)
             text = f.read()
-    canonical = load_module("data/shakespeare_char/prepare.py").is_tiny_shakespeare(text)
+    from data.tinyshakespeare import is_tiny_shakespeare
+    canonical = is_tiny_shakespeare(text)
     return {"text": text, "path": path, "canonical": canonical}
 
 

@@ -23,19 +23,19 @@ def test_char_prepare_writes_splits_and_vocabulary(char_data):
         assert meta["vocab_size"] == 65 and len(text) == 1_115_394 and text.startswith("First Citizen:")
 
 
-def test_char_prepare_prefers_the_named_input(tmp_path):
-    prepare_module = load_module("data/shakespeare_char/prepare.py")
+def test_tiny_shakespeare_is_read_from_the_named_input_then_each_folder_in_turn(tmp_path):
+    from data.tinyshakespeare import load_text
     path = shakespeare()["path"]
-    text, source = prepare_module.load_text(path, here=str(tmp_path))
+    text, source = load_text(path, [str(tmp_path)])
     assert source == path and text == shakespeare()["text"]
     (tmp_path / "input.txt").write_text("to be or not to be")
-    assert prepare_module.load_text(None, here=str(tmp_path)) == ("to be or not to be", str(tmp_path / "input.txt"))
+    assert load_text(None, [str(tmp_path)]) == ("to be or not to be", str(tmp_path / "input.txt"))
     # the BPE prepare (another folder) reads the char dataset's copy when its own folder has none
-    prepare_module.HERE, bpe = str(tmp_path), tmp_path / "bpe"
+    bpe = tmp_path / "bpe"
     bpe.mkdir()
-    assert prepare_module.load_text(None, here=str(bpe)) == ("to be or not to be", str(tmp_path / "input.txt"))
+    assert load_text(None, [str(bpe), str(tmp_path)]) == ("to be or not to be", str(tmp_path / "input.txt"))
     (bpe / "input.txt").write_text("that is the question")
-    assert prepare_module.load_text(None, here=str(bpe)) == ("that is the question", str(bpe / "input.txt"))
+    assert load_text(None, [str(bpe), str(tmp_path)]) == ("that is the question", str(bpe / "input.txt"))
 
 
 def test_gpt2_encoding_from_a_rank_file_gives_gpt2_ids():

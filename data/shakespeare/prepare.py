@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
 from data.prepare import refuse_to_replace, run_cli, write_dataset  # noqa: E402
 from common import UserError  # noqa: E402
-from data.shakespeare_char.prepare import describe_text, load_text  # noqa: E402
+from data.tinyshakespeare import CHAR_DIR, describe_text, load_text  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
 
@@ -51,7 +51,7 @@ if __name__ == "__main__":
     def job():
         if not overwrite:  # here, before a download, and again once the folder is held
             refuse_to_replace(args.out_dir)
-        text, source = load_text(args.input, here=HERE)
+        text, source = load_text(args.input, [HERE, CHAR_DIR])
         return prepare(text, args.out_dir, args.gpt2_tiktoken, source, overwrite)
     meta = run_cli(job, args.out_dir)
     print(meta["source"])
