@@ -1,12 +1,13 @@
 """
-Datasets on disk: the one owner of meta.json (write_meta and read_meta), the checks that a dataset's token
-files are whole, get_batch, which draws a batch of windows from them, and Prefetcher, which reads batches
-ahead on background threads. Used by train.py, bench.py, checkpoint.py and data/prepare.py (so every prepare
+Datasets on disk: the one owner of meta.json (write_meta, read_meta) and of nanoGPT's meta.pkl (staged_meta_pkl,
+read_meta_pkl), the checks that a dataset's token files are whole, get_batch, which draws a batch of windows
+from them, and Prefetcher, which reads batches ahead on background threads. Used by train.py, bench.py, checkpoint.py and data/prepare.py (so every prepare
 script).
 
 A dataset folder holds meta.json (written by data/prepare.py and the data/*/prepare.py scripts) and its
 token files; nanoGPT's layout (train.bin and val.bin as uint16, maybe meta.pkl) is read too.
 """
+import contextlib
 import errno
 import hashlib
 import json
@@ -59,6 +60,22 @@ def write_meta(out_dir: str, meta: dict, meta_pkl: bool = False):
         for name in stale:
             if os.path.isfile(os.path.join(out_dir, name)):
                 os.remove(os.path.join(out_dir, name))
+
+
+@contextlib.contextmanager
+def staged_meta_pkl(out_dir: str, obj: dict | None):
+    """nanoGPT's meta.pkl (obj) pickled to out_dir/meta.pkl.tmp (a full disk shows here, before anything is
+    replaced), for write_meta to flush to the disk with the token files and put in place; the .tmp file is gone
+    after the block if it is still there. obj None: nothing."""
+    path = os.path.join(out_dir, "meta.pkl.tmp")
+    try:
+        if obj is not None:
+            with open(path, "wb") as f:
+                pickle.dump(obj, f)
+        yield
+    finally:
+        if obj is not None and os.path.exists(path):
+            os.remove(path)
 
 
 def token_file_split(name: str) -> str | None:

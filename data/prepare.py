@@ -28,7 +28,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import time
@@ -39,7 +38,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
 from common import NO_LOCKS, UserError, signals_deferred  # noqa: E402
-from dataset import read_meta, token_file_split, write_meta  # noqa: E402
+from dataset import read_meta, staged_meta_pkl, token_file_split, write_meta  # noqa: E402
 from tokenizer import EOT, encoding_from_bytes, gpt2_encoding, rank_file_bytes  # noqa: E402
 
 EXTENSIONS = (".txt", ".jsonl", ".parquet")
@@ -428,22 +427,6 @@ def refuse_to_replace(out_dir: str):
                            "--overwrite to replace it (a run trained on it resumes only on the same tokens)")
 
 
-@contextlib.contextmanager
-def staged_pickle(out_dir: str, name: str, obj):
-    """obj pickled to out_dir/name.tmp (a full disk shows here, before anything is replaced), for write_meta to
-    flush to the disk with the token files and put in place; the .tmp file is gone after the block if it is still
-    there. obj None: nothing."""
-    path = os.path.join(out_dir, name + ".tmp")
-    try:
-        if obj is not None:
-            with open(path, "wb") as f:
-                pickle.dump(obj, f)
-        yield
-    finally:
-        if obj is not None and os.path.exists(path):
-            os.remove(path)
-
-
 def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict, meta_pkl: dict | None = None,
                   overwrite: bool = True) -> dict:
     """Write whole splits ({split: token ids}) and meta.json (meta with the splits' entries added), and nanoGPT's
@@ -452,7 +435,7 @@ def write_dataset(out_dir: str, parts: dict[str, np.ndarray], meta: dict, meta_p
     with holding(out_dir):
         if not overwrite:
             refuse_to_replace(out_dir)
-        with staged_pickle(out_dir, "meta.pkl", meta_pkl):
+        with staged_meta_pkl(out_dir, meta_pkl):
             writers = {split: TokenWriter(out_dir, split, ids.dtype) for split, ids in parts.items()}
             try:
                 for split, ids in parts.items():
