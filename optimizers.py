@@ -13,7 +13,7 @@ import torch.distributed as dist
 from sharding import is_dtensor, like
 
 
-def nonfinite_flag(loss_sum: torch.Tensor, grad_norm: torch.Tensor, loss_scaling: bool, ddp: bool) -> torch.Tensor:
+def nonfinite_flag(loss_sum: torch.Tensor, grad_norm: torch.Tensor, loss_scaling: bool, distributed: bool) -> torch.Tensor:
     """1.0 on the device when this step must be skipped on every rank (a non-finite loss anywhere, or a
     non-finite gradient norm where no fp16 GradScaler is there to handle it), else 0.0. No host sync: under
     DDP one small all-reduce, queued like any other kernel."""
@@ -21,7 +21,7 @@ def nonfinite_flag(loss_sum: torch.Tensor, grad_norm: torch.Tensor, loss_scaling
     if not loss_scaling:
         bad = bad | ~torch.isfinite(grad_norm)
     bad = bad.float()
-    if ddp:
+    if distributed:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return bad
 

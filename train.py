@@ -414,11 +414,11 @@ if __name__ == "__main__":
     if compile:
         check_compile_mode(compile_mode, gradient_accumulation_steps // (ranks[2] if ranks else 1), device_type)
     rank, local_rank, world_size, device = setup_distributed(ranks, device, backend, ddp_timeout)
-    ddp = world_size > 1  # several processes, whichever the parallelism
+    distributed = world_size > 1  # several processes, whichever the parallelism
     raise_held(held, world_size)
-    if ddp and init_from == "resume":
+    if distributed and init_from == "resume":
         check_same_checkpoint(checkpoint, ckpt_path, world_size)
-    fsdp = ddp and parallelism == "fsdp"
+    fsdp = distributed and parallelism == "fsdp"
     report = Reporter(out_dir, log_format, active=master_process)  # rank 0's lines, rows and wandb calls
     if checkpoint is not None and not (eval_only or dry_run):  # those two leave the run's files as they are
         on_rank0(lambda: check_no_later_steps(out_dir, ckpt_path, checkpoint["iter_num"]), rank, world_size)
@@ -558,7 +558,7 @@ if __name__ == "__main__":
                    micro_steps=accum_steps, fsdp_reduce=fsdp_reduce, training=not eval_only, compiled=compiled)
     if batch_size == "auto":
         batch_size = largest_batch(model, planned, free) if free is not None else None
-        if ddp:  # every process must take the same micro-batch: the one that fits on all of them
+        if distributed:  # every process must take the same micro-batch: the one that fits on all of them
             box = torch.tensor(batch_size or 0, device=device)
             dist.all_reduce(box, op=dist.ReduceOp.MIN)
             batch_size = int(box) or None
@@ -640,7 +640,7 @@ if __name__ == "__main__":
         report.print(f"compiling the model (mode {compile_mode})...")
         model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     eval_model = model
-    if ddp and not fsdp and not eval_only:  # an evaluation computes no gradients to all-reduce
+    if distributed and not fsdp and not eval_only:  # an evaluation computes no gradients to all-reduce
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
     def write_sample(it: int):
@@ -777,7 +777,7 @@ if __name__ == "__main__":
         # one optimizer step: accum_steps micro-steps, gradients all-reduced on the last one only
         loss_sum = torch.zeros((), device=device)
         for micro_step in range(accum_steps):
-            sync = not ddp or micro_step == accum_steps - 1
+            sync = not distributed or micro_step == accum_steps - 1
             if fsdp and fsdp_reduce == "step":  # reduce-scatter on the last micro-step only; weights stay gathered till then
                 raw_model.set_requires_gradient_sync(sync)
                 raw_model.set_reshard_after_backward(sync)
@@ -789,7 +789,7 @@ if __name__ == "__main__":
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)
         grad_norm = full(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf")))
-        skip = nonfinite_flag(loss_sum, grad_norm, scaler.is_enabled(), ddp)
+        skip = nonfinite_flag(loss_sum, grad_norm, scaler.is_enabled(), distributed)
         take_step(optimizer, scaler, skip, on_device=skip_on_device)
         skipped_steps += skip  # these three stay on the device until the next check
         in_a_row = (in_a_row + skip) * skip
@@ -803,10 +803,10 @@ if __name__ == "__main__":
         # device); otherwise once per log line (and after the first step, to time it), so the device's queue is
         # never drained mid-interval
         log_now = iter_num % log_interval == 0 or iter_num == max_iters
-        stop_check = stop.requested if not ddp else iter_num % STOP_CHECK_STEPS == 0  # a host bool: free to read
+        stop_check = stop.requested if not distributed else iter_num % STOP_CHECK_STEPS == 0  # a host bool: free to read
         if log_now or stop_check or sync_every_step or not skip_on_device or first_step:
             stop_flag = torch.tensor(float(stop.requested), device=device)
-            if ddp:
+            if distributed:
                 dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)  # a signal to any one rank stops them all
                 if log_now:
                     dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)  # the mean over every rank's micro-steps

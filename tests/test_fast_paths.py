@@ -31,7 +31,7 @@ def test_skipping_on_the_device_skips_exactly_the_steps_the_host_check_skips():
                 model.transformer.h[0].mlp.c_fc.weight.grad[0, 0] = float("inf")
             loss_sum = loss.detach() * (float("nan") if poisoned.get(step) == "loss" else 1.0)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            skip = nonfinite_flag(loss_sum, grad_norm, loss_scaling=False, ddp=False)
+            skip = nonfinite_flag(loss_sum, grad_norm, loss_scaling=False, distributed=False)
             assert skip.item() == (step in poisoned)
             take_step(optimizer, scaler, skip, on_device=on_device)
         host, device = (m.state_dict() for m in models)
