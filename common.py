@@ -158,7 +158,7 @@ def cpu_contention(load: float, cores: int, threads: int) -> str | None:
     36 ms in 1 on a 2-core VM with one core kept busy, where 2 threads took 22 ms on an idle one)."""
     if threads < 2 or load < cores:
         return None
-    return (f"warning: this machine's load average is {load:.1f} on {cores} cores, and torch computes in {threads} "
+    return (f"this machine's load average is {load:.1f} on {cores} cores, and torch computes in {threads} "
             "threads that wait on each other at every op: on a busy CPU, OMP_NUM_THREADS=1 can be many times faster")
 
 

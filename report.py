@@ -158,6 +158,11 @@ class Reporter:
         if self.active and (always or self.format != "quiet"):
             print(json_text({"message": text}) if self.format == "json" else text, flush=True)
 
+    def warn(self, text: str):
+        """A warning, whatever log_format: `warning: text` on stderr (stdout stays progress lines, or JSON)."""
+        if self.active:
+            print(f"warning: {text}", file=sys.stderr, flush=True)
+
     def start(self, config: dict, info: dict, truncate_at: int, wandb_settings: dict | None) -> str | None:
         """Write config.json and run.json, drop metrics rows and samples past truncate_at (-1, a new run: all of
         them), start wandb when wandb_settings (project, name, id, and `relogs`: whether this session's

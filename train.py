@@ -458,12 +458,12 @@ if __name__ == "__main__":
     if not decay_lr and "lr_schedule" in given and not eval_only:  # a fork of a finetune config that adds a schedule
         odd_schedule = (f"lr_schedule={lr_schedule!r} is not used: decay_lr=False keeps learning_rate from the first "
                         "step to the last, with no warmup (nanoGPT's meaning); drop decay_lr=False to use it")
-    if odd_schedule and master_process:
-        print(f"warning: {odd_schedule}", file=sys.stderr)
+    if odd_schedule:
+        report.warn(odd_schedule)
     if device_type == "cpu" and master_process and hasattr(os, "getloadavg"):
         contention = cpu_contention(os.getloadavg()[0], os.cpu_count() or 1, torch.get_num_threads())
         if contention:
-            print(contention, file=sys.stderr)
+            report.warn(contention)
     torch.manual_seed(seed + rank)  # dropout masks differ across ranks
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -484,11 +484,11 @@ if __name__ == "__main__":
         data["vocabulary"] = check_vocabulary(checkpoint.get("vocabulary"), data["vocabulary"], dataset, ckpt_path)
         change = data_change(checkpoint.get("data_files"), data_files) if master_process else {}
         if change:  # more data may be meant; a changed val split makes losses before and after incomparable
-            report.print(f"warning: dataset {dataset} changed since the checkpoint ("
+            report.warn(f"dataset {dataset} changed since the checkpoint ("
                          + "; ".join(f"{split}: {how}" for split, how in change.items())
                          + "): the batches from here are not an unbroken run's"
                          + (", and val losses before and after are on different data (best.pt was chosen on the "
-                            "old val split)" if "val" in change else ""), always=True)
+                            "old val split)" if "val" in change else ""))
 
     def read_train_batch(step_and_micro_step: tuple[int, int]):
         """This process's micro-batch of a step, in host memory: part (seed, step, global micro-step) of the step's
@@ -550,7 +550,7 @@ if __name__ == "__main__":
     # before the plan, as a compiled loss holds less; a dry run skips the test compile (seconds) and plans as compiled
     problem = compile_problem(device) if compile and not dry_run else None
     if problem:
-        print(f"warning: compile=True but {problem}: training without torch.compile", file=sys.stderr)
+        report.warn(f"compile=True but {problem}: training without torch.compile")
     compiled = compile and not problem
     # the memory plan: what training will hold per device, checked against what was free before the model
     planned = dict(batch_size=batch_size, dtype=dtype, optimizer=optimizer, world_size=world_size,
@@ -654,7 +654,7 @@ if __name__ == "__main__":
                                          generator=torch.Generator(device).manual_seed(seed),
                                          n_tokens=decodable_ids(data["vocabulary"]))
         except FloatingPointError as e:  # the evaluation has its loss; a sample is not worth the run
-            report.print(f"warning: no sample at iter {it}: {e}", always=True)
+            report.warn(f"no sample at iter {it}: {e}")
             return
         finally:
             raw_model.train()

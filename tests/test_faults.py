@@ -153,7 +153,7 @@ def test_a_sample_whose_logits_are_not_finite_is_a_warning_and_the_run_goes_on(t
     assert result.returncode == 0, result.stderr
     for it in (0, 4):
         assert (f"warning: no sample at iter {it}: the model's logits were nan or inf while generating"
-                in result.stdout)
+                in result.stderr)
     assert "---- sample at" not in result.stdout
     assert torch.load(tmp_path / "b" / "ckpt.pt", map_location="cpu", weights_only=True)["iter_num"] == 4
 
@@ -594,13 +594,13 @@ def test_a_resume_on_changed_data_says_how_it_changed(char_data, tmp_path):
     assert result.returncode == 0, result.stderr
     assert (f"warning: dataset {data} changed since the checkpoint (val: 1 file of {n:,} tokens then, 1 file of "
             f"{n // 2:,} tokens now): the batches from here are not an unbroken run's, and val losses before and after "
-            "are on different data") in result.stdout
+            "are on different data") in result.stderr
     train = np.fromfile(data / "train.bin", dtype=np.uint16)  # prepared again from a reordered text: the same size
     np.roll(train, len(train) // 2).tofile(data / "train.bin")
     result = run_script("train.py", *args_for(str(data), out, max_iters=16, init_from="resume"), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert (f"warning: dataset {data} changed since the checkpoint (train: the same 1 file of {len(train):,} tokens, "
-            "with other tokens in them now): the batches from here are not an unbroken run's") in result.stdout
+            "with other tokens in them now): the batches from here are not an unbroken run's") in result.stderr
 
 # ---- off the happy path, handled without an error (the mistakes that are refused are in test_mistakes.py)
 

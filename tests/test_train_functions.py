@@ -23,7 +23,7 @@ def write_tokens(path, n, dtype=np.uint16, start=0):
 def test_a_busy_cpu_is_warned_of_only_when_torch_computes_in_several_threads():
     assert cpu_contention(0.5, 2, 2) is None and cpu_contention(1.9, 2, 2) is None  # room for both threads
     assert cpu_contention(8.0, 2, 1) is None  # one thread waits on no other
-    assert cpu_contention(2.0, 2, 2) == ("warning: this machine's load average is 2.0 on 2 cores, and torch computes "
+    assert cpu_contention(2.0, 2, 2) == ("this machine's load average is 2.0 on 2 cores, and torch computes "
                                          "in 2 threads that wait on each other at every op: on a busy CPU, "
                                          "OMP_NUM_THREADS=1 can be many times faster")
 
