@@ -15,7 +15,7 @@ import torch
 
 from common import UserError, read_json
 from model import GPT, GPTConfig
-from tokenizer import EOT, decodable_ids, gpt2_encoding
+from tokenizer import EOT, char_eot, decodable_ids, gpt2_encoding
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes on the Hugging Face hub
 EPS = 1e-5  # model.py's LayerNorm and RMSNorm epsilon
@@ -330,7 +330,7 @@ def write_tokenizer(vocab: dict | None, vocab_size: int, folder: str) -> str:
         unknown = "<a character this model was not trained on>"
         tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[], unk_token=unknown))
         tok.decoder = decoders.Fuse()
-        eot = vocab_size > len(chars)
+        eot = char_eot(chars, vocab_size) is not None
         if eot:
             tok.add_special_tokens(["<|endoftext|>"])  # the next id: len(chars)
         tf.PreTrainedTokenizerFast(tokenizer_object=tok,
@@ -356,8 +356,6 @@ def special_tokens(vocab: dict | None, vocab_size: int) -> dict:
     """bos/eos ids for a model config: GPT-2's <|endoftext|> when the model has GPT-2's BPE; a character model's
     <|endoftext|> (the id after its characters, see write_tokenizer) as its eos; else none."""
     chars = (vocab or {}).get("chars")
-    if chars is None and vocab_size > 50256:
-        return {"bos_token_id": 50256, "eos_token_id": 50256}
-    if chars is not None and vocab_size > len(chars):
-        return {"bos_token_id": None, "eos_token_id": len(chars)}
-    return {"bos_token_id": None, "eos_token_id": None}
+    if chars is None and vocab_size > EOT:
+        return {"bos_token_id": EOT, "eos_token_id": EOT}
+    return {"bos_token_id": None, "eos_token_id": char_eot(chars, vocab_size) if chars is not None else None}

@@ -185,6 +185,13 @@ def decodable_ids(vocab: dict | None) -> int | None:
     return None if (vocab or {}).get("chars") is not None else EOT + 1
 
 
+def char_eot(chars: str, vocab_size: int | None) -> int | None:
+    """The id of <|endoftext|> in a character vocabulary, None where there is none: the id after the characters,
+    which data/prepare.py's character datasets end each document with, when the model has it (vocab_size past the
+    characters)."""
+    return len(chars) if vocab_size is not None and vocab_size > len(chars) else None
+
+
 def codec(vocab: dict | None, vocab_size: int | None = None):
     """(encode, decode) for a vocabulary ({'tokenizer', 'chars'}, as dataset.vocabulary_of gives and checkpoints
     keep): its characters for a character vocabulary, else GPT-2's BPE. Either encodes the text <|endoftext|>
@@ -193,7 +200,7 @@ def codec(vocab: dict | None, vocab_size: int | None = None):
     chars = vocab.get("chars") if vocab else None
     if chars is not None:
         stoi = {c: i for i, c in enumerate(chars)}
-        eot = len(chars) if vocab_size is not None and vocab_size > len(chars) else None
+        eot = char_eot(chars, vocab_size)
 
         def characters(text: str) -> list[int]:
             missing = sorted(set(text) - set(stoi))
