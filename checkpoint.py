@@ -249,7 +249,7 @@ def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, d
     bad = nonfinite_tensors(model.state_dict())
     if bad:  # training from them could never save, and sampling, evaluating or exporting them gives nothing
         raise UserError(f"{init_from} holds weights that are not finite ({plural(len(bad), 'tensor')}, e.g. {bad[0]}): "
-                        "the file is damaged, or was saved after training diverged; start from another checkpoint")
+                        "the file is damaged, or was saved after training diverged; use another checkpoint")
     return model, vocab, optimizer_state
 
 

@@ -298,9 +298,13 @@ CASES = [
          r"checkpoint .*other/ckpt.pt holds values that are not tensors in its weights \(\['lm_head.weight'\]\): it is "
          r"damaged$", setup=edit_checkpoint(lambda c: c["model"].update({"lm_head.weight": [0.0]}))),
     Case("checkpoint whose weights hold nan", "sample.py", ["--out_dir={tmp}/other", "--device=cpu"],
-         r"the model's logits were nan or inf while generating: .*, sampling in \w+: "
-         r"(try --dtype=float32|check the checkpoint)$",
+         r"other/ckpt.pt holds weights that are not finite \(1 tensor, e.g. transformer.ln_f.weight\): the file is "
+         r"damaged, or was saved after training diverged; use another checkpoint$",
          setup=edit_checkpoint(lambda c: c["model"]["transformer.ln_f.weight"].fill_(float("nan")))),
+    Case("checkpoint whose weights overflow", "sample.py", ["--out_dir={tmp}/other", "--device=cpu"],
+         r"the model's logits were nan or inf while generating: .*, sampling in \w+: "
+         r"(try --dtype=float32|check the checkpoint)$",  # finite weights whose norm's square passes float32's range
+         setup=edit_checkpoint(lambda c: c["model"]["transformer.wte.weight"].fill_(1e20))),
     Case("checkpoint whose characters outnumber its vocab_size", "export.py", ["--out_dir={tmp}/other", "--to={tmp}/hf"],
          r"other/ckpt.pt holds a tokenizer of \d+ tokens for a model of vocab_size \d+: they are not one model's; "
          r"the checkpoint is damaged$",

@@ -492,7 +492,8 @@ def test_weights_that_are_not_finite_are_refused_as_a_start(tmp_path):
     checkpoint["model"]["transformer.h.0.mlp.c_fc.weight"][3, 5] = float("inf")
     torch.save(checkpoint, tmp_path / "bad.pt")
     with pytest.raises(UserError, match=r"bad.pt holds weights that are not finite \(1 tensor, e.g. "
-                                        r"transformer.h.0.mlp.c_fc.weight\): the file is damaged"):
+                                        r"transformer.h.0.mlp.c_fc.weight\): the file is damaged, or "
+                                        r"was saved after training diverged; use another checkpoint$"):
         load_pretrained(str(tmp_path / "bad.pt"), 0.0)
 
 
