@@ -21,6 +21,7 @@ never rots between GPU slots.
 import argparse
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -46,7 +47,7 @@ class Suite:
     fp8 matmuls, compute capability 8.9+), the budget, the jobs started and the table's rows."""
 
     def __init__(self, out: str, work: str, budget: float, gpu: bool, fp8: bool):
-        self.out, self.work, self.rows, self.jobs, self.stopped = out, work, [], [], set()
+        self.out, self.work, self.rows, self.jobs, self.stopped, self.groups = out, work, [], [], set(), {}
         self.gpu, self.fp8 = gpu, fp8
         self.starting, self.terminated = False, False
         self.deadline = time.time() + budget
@@ -72,8 +73,8 @@ class Suite:
             self.jobs.append(proc)
         finally:
             self.starting = False
-        if self.terminated:
-            sys.exit(143)
+            if self.terminated:  # also when Popen failed: the SIGTERM ends the suite, not just this step
+                sys.exit(143)
         return {"name": name, "proc": proc, "log": log, "file": f, "t0": time.time()}
 
     def on_sigterm(self, *_):
@@ -107,30 +108,29 @@ class Suite:
         return code, output
 
     def stop(self, *procs: subprocess.Popen):
-        """SIGTERM to each job's process group and to every group under it, SIGKILL to what is left 20 s later. A
-        job already sent its SIGTERM (the suite's own SIGTERM came while it waited) is not sent another: train.py
-        takes a second one a few seconds on for a hurry, and exits without its checkpoint."""
+        """SIGTERM to each job's process group and to every group under it, SIGKILL to what is left of them 20 s
+        later. A job already sent its SIGTERM (the suite's own SIGTERM came while it waited) is not sent another:
+        train.py takes a second one a few seconds on for a hurry, and exits without its checkpoint."""
         fresh = [proc for proc in procs if proc not in self.stopped]
         self.stopped.update(procs)
-        # found before the signals: a test's script, forked by pytest's warm Python into a group of its own, is
-        # an orphan once pytest has gone
-        groups = {proc: process_groups(proc.pid) for proc in procs}
-        for sig, grace, targets in ((signal.SIGTERM, 20, fresh), (signal.SIGKILL, 30, procs)):
-            for group in {g for proc in targets for g in groups[proc]}:
+        for proc in procs:  # found before the signals: a test's script, forked by pytest's warm Python into a group
+            self.groups.setdefault(proc, set()).update(process_groups(proc.pid))  # of its own, is an orphan once
+        groups = {g for proc in procs for g in self.groups[proc]}               # pytest has gone
+        for sig, grace, targets in ((signal.SIGTERM, 20, {g for proc in fresh for g in self.groups[proc]}),
+                                    (signal.SIGKILL, 30, groups)):
+            for group in targets:
                 try:
                     os.killpg(group, sig)
-                except ProcessLookupError:  # nothing of the group is left
+                except OSError:  # nothing of the group is left
                     pass
             deadline = time.time() + grace
-            for proc in procs:
-                try:
-                    proc.wait(timeout=max(0.0, deadline - time.time()))
-                except subprocess.TimeoutExpired:
-                    pass
+            while time.time() < deadline and (any(proc.poll() is None for proc in procs) or live_groups(groups)):
+                time.sleep(0.1)
 
     def stop_all(self):
-        """Every job still running (the suite itself is ending, on an error or a SIGTERM): none may outlive it."""
-        self.stop(*(proc for proc in self.jobs if proc.poll() is None))
+        """Every job still running, or whose groups are (the suite itself is ending, on an error or a SIGTERM): none
+        may outlive it."""
+        self.stop(*(proc for proc in self.jobs if proc.poll() is None or live_groups(self.groups.get(proc, set()))))
 
     def run(self, name: str, cmd: list[str], timeout: float, cwd: str = ROOT) -> tuple[int, str]:
         return self.wait(self.start(name, cmd, cwd), timeout)
@@ -144,25 +144,52 @@ class Suite:
             tar.add(os.path.join(self.work, "logs"), arcname="logs")
 
 
-def process_groups(pid: int) -> set[int]:
-    """The process groups of pid (a job started in a group of its own) and of every process under it, from /proc."""
-    children = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+def processes() -> list[tuple[int, int, int, str]] | None:
+    """(pid, parent, process group, state) of every process, from /proc; None where there is no /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    table = []
+    for entry in filter(str.isdigit, entries):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])  # "pid (name) state ppid ...": a name may hold ")"
-        except (OSError, ValueError, IndexError):  # not a process, or one that has just ended
+            with open(f"/proc/{entry}/stat") as f:  # "pid (name) state ppid pgrp ...": a name may hold ")"
+                state, parent, group = f.read().rsplit(")", 1)[1].split()[:3]
+            table.append((int(entry), int(parent), int(group), state))
+        except (OSError, ValueError):  # a process that has just ended
             continue
-        children.setdefault(parent, []).append(int(entry))
+    return table
+
+
+def process_groups(pid: int) -> set[int]:
+    """The process groups of pid (a job started in a group of its own) and of every process under it (only its
+    own where there is no /proc)."""
+    children = {}
+    for child, parent, group, _ in processes() or []:
+        children.setdefault(parent, []).append((child, group))
     groups, todo = {pid}, [pid]
     while todo:
-        for child in children.get(todo.pop(), []):
-            try:
-                groups.add(os.getpgid(child))
-            except ProcessLookupError:
-                continue
+        for child, group in children.get(todo.pop(), []):
+            groups.add(group)
             todo.append(child)
     return groups
+
+
+def live_groups(groups: set[int]) -> set[int]:
+    """Those of groups that hold a process still running (a zombie has ended: its parent has yet to reap it)."""
+    table = processes()
+    if table is not None:
+        return {group for _, _, group, state in table if group in groups and state != "Z"}
+    alive = set()
+    for group in groups:
+        try:
+            os.killpg(group, 0)
+            alive.add(group)
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # someone else's: it runs
+            alive.add(group)
+    return alive
 
 
 # ---- bench.py's output
@@ -281,6 +308,7 @@ def step_checks(suite: Suite, args):
     """The CUDA tests and the Shakespeare char runs, all at once (their results count, not their speed); on a GPU,
     bench.py compiles the configs of the timed steps alongside, so that their compiles hit the caches later."""
     data = char_data(suite, args)
+    iters = args.char_iters or (2000 if suite.gpu else 20)
     env = {"TORCHINDUCTOR_COMPILE_THREADS": "4"} if suite.gpu else {}  # many processes share the CPU's cores
     # the CUDA tests: on a GPU in two processes, the longest pair apart from the rest, so they end with the char
     # runs; on a CPU, where they all skip, in one
@@ -291,8 +319,8 @@ def step_checks(suite: Suite, args):
     runs = char_runs(suite.gpu, suite.fp8) if data else []
     for name, config, flags in runs:
         jobs.append(suite.start(name, [sys.executable, "train.py", config, f"--dataset={data}",
-                                       f"--out_dir={os.path.join(args.work, name)}", f"--max_iters={args.char_iters}",
-                                       f"--lr_decay_iters={args.char_iters}", "--wandb_log=False", "--log_interval=50",
+                                       f"--out_dir={os.path.join(args.work, name)}", f"--max_iters={iters}",
+                                       f"--lr_decay_iters={iters}", "--wandb_log=False", "--log_interval=50",
                                        "--overwrite=True", *(GPU_CHAR if suite.gpu else CPU_CHAR), *flags], env=env))
     warmers = [suite.start(f"compile_warm_{i}", [sys.executable, "-c", WARM, *configs], env=env)
                for i, configs in enumerate(warm_configs(suite.gpu, suite.fp8))]
@@ -312,12 +340,11 @@ def step_checks(suite: Suite, args):
     s = {name: v if v and v["final_val_loss"] is not None else None for name, v in s.items()}  # null: a NaN loss
     side = f"{len(jobs) + len(warmers)} processes side by side, so no speed is quoted"
     fast, plain, seed = s["char_fast"], s["char_plain"], s["char_plain_seed"]
-    n = args.char_iters
-    suite.row(f"Shakespeare char, {'bf16 + compile' if suite.gpu else 'tiny model on the CPU'}, {n} steps", fast is not None,
+    suite.row(f"Shakespeare char, {'bf16 + compile' if suite.gpu else 'tiny model on the CPU'}, {iters} steps", fast is not None,
               f"val loss {fast['final_val_loss']:.4f} (best {fast['best_val_loss']:.4f}), {fast['wall_time_s']:.0f} s "
               f"wall ({side})" if fast else "see logs/char_fast.log")
     ok = fast is not None and plain is not None and seed is not None
-    suite.row(f"fast path vs plain path, Shakespeare char {n} steps", ok,
+    suite.row(f"fast path vs plain path, Shakespeare char {iters} steps", ok,
               f"val loss {fast['final_val_loss']:.4f} fast (loss_chunk={LOSS_CHUNK}, verdicts on the device"
               f"{', compile' if suite.gpu else ''}) vs {plain['final_val_loss']:.4f} plain (a host sync every step, full "
               f"logits, eager, batches read in the loop), a difference of "
@@ -326,12 +353,12 @@ def step_checks(suite: Suite, args):
               if ok else "see logs/char_fast.log, char_plain.log, char_plain_seed.log")
     if suite.fp8:
         fp8 = s["char_fp8"]
-        suite.row(f"fp8 vs bf16 (both on the fast path), Shakespeare char {n} steps", fp8 is not None and fast is not None,
+        suite.row(f"fp8 vs bf16 (both on the fast path), Shakespeare char {iters} steps", fp8 is not None and fast is not None,
                   f"val loss {fp8['final_val_loss']:.4f} fp8 vs {fast['final_val_loss']:.4f} bf16"
                   if fp8 and fast else "see logs/char_fp8.log")
     llama = s["llama_char"]
     suite.row(f"LLaMA-style (config/train_llama_char.py{' at the recipe size' if suite.gpu else ''}) vs GPT-2-style, "
-              f"Shakespeare char {n} steps", llama is not None and fast is not None,
+              f"Shakespeare char {iters} steps", llama is not None and fast is not None,
               f"val loss {llama['final_val_loss']:.4f} (best {llama['best_val_loss']:.4f}) LLaMA-style vs "
               f"{fast['final_val_loss']:.4f} (best {fast['best_val_loss']:.4f}) GPT-2-style, same steps and tokens"
               if llama and fast else "see logs/llama_char.log")
@@ -520,7 +547,8 @@ NANOGPT_FILES = ("train.py", "model.py", "configurator.py")  # what the nanogpt 
 
 def next_call(args, parser, steps: list[str]) -> str:
     """The command that runs steps next: this one's settings, but for --out and --only."""
-    kept = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("out", "only") and v != parser.get_default(k)]
+    kept = [shlex.quote(f"--{k}={v}") for k, v in vars(args).items()
+            if k not in ("out", "only") and v != parser.get_default(k)]
     return " ".join(["python scripts/gpu_suite.py --out=DIR", f"--only={','.join(steps)}", *kept])
 
 
@@ -558,7 +586,6 @@ if __name__ == "__main__":
         # a borrowed GPU reaches no network: prepare.py would spend minutes of the slot failing to download it
         sys.exit("error: the checks need tiny Shakespeare and data/shakespeare_char/input.txt is not here: carry it "
                  "to this machine, or give --char_text=PATH or --char_data=DIR")
-    args.char_iters = args.char_iters or (2000 if gpu else 20)
     suite = Suite(args.out, args.work, args.budget, gpu, gpu and torch.cuda.get_device_capability() >= (8, 9))
     signal.signal(signal.SIGTERM, suite.on_sigterm)
     left_out = []  # steps not started, or stopped at the budget's end: the next call's --only

@@ -497,12 +497,13 @@ def test_the_gpu_suite_stops_a_step_at_the_budget_and_names_it_for_the_next_call
     import psutil
     result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
                         f"--char_data={char_data}", "--char_iters=100000", "--only=checks", "--budget=8",
-                        cwd=str(tmp_path), timeout=120)
+                        "--ours_flags=--compile=False --dtype=float32", cwd=str(tmp_path), timeout=120)
     assert result.returncode == 0, result.stderr
     rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
     assert any(row.startswith("| Shakespeare char") and "| FAILED | see logs/char_fast.log" in row for row in rows), rows
     assert (f"next, python scripts/gpu_suite.py --out=DIR --only=checks --work={tmp_path / 'work'} --budget=8.0 "
-            f"--char_iters=100000 --char_data={char_data}\n") in result.stdout  # the next call keeps this one's settings
+            f"--char_iters=100000 '--ours_flags=--compile=False --dtype=float32' --char_data={char_data}\n"
+            ) in result.stdout  # the next call keeps this one's settings, quoted for the shell
     assert re.search(r"char_fast: exit 124 after \d+ s", result.stdout)
     ends = [int(s) for s in re.findall(r"\] \w+: exit 124 after (\d+) s", result.stdout)]  # the tests' too, if stopped
     assert len(ends) >= 4 and max(ends) - min(ends) <= 2, result.stdout  # stopped together, not one by one
@@ -528,14 +529,26 @@ def test_a_gpu_suite_stopped_by_sigterm_stops_every_job_it_started(char_data, tm
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "work") in " ".join(p.info["cmdline"] or [])]
 
 
+GRANDCHILD = """
+import signal, sys, time
+def stop(*_):  # as train.py's SIGTERM: a moment to save, then exit
+    time.sleep(1)
+    open(sys.argv[1], "w").write("saved")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(600)
+"""
+
+
 def test_the_gpu_suite_stops_what_a_job_started_in_a_group_of_its_own(tmp_path):
     """As pytest's warm Python forks a test's script: once the job has gone, that script is an orphan which the
-    job's group no longer reaches, and it would run on into the next step's timings."""
+    job's group no longer reaches, and it would run on into the next step's timings. It gets its SIGTERM with the
+    job, and the same time to stop before the SIGKILL."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from gpu_suite import Suite
     suite = Suite(str(tmp_path / "out"), str(tmp_path / "work"), 60, gpu=False, fp8=False)
-    forks = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
-             "process_group=0); print(p.pid, flush=True); time.sleep(600)")
+    forks = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {GRANDCHILD!r}, "
+             f"{str(tmp_path / 'saved')!r}], process_group=0); print(p.pid, flush=True); time.sleep(600)")
     job = suite.start("forks", [sys.executable, "-c", forks])
     for _ in range(300):
         lines = open(job["log"]).read().splitlines()
@@ -544,21 +557,18 @@ def test_the_gpu_suite_stops_what_a_job_started_in_a_group_of_its_own(tmp_path):
         time.sleep(0.05)
     grandchild = int(lines[1])
     assert os.getpgid(grandchild) == grandchild != job["proc"].pid
+    time.sleep(0.5)  # its SIGTERM handler in place
     code, _ = suite.wait(job, 0.1)
     assert code == 124
     import psutil
-
-    def running(pid) -> bool:  # a zombie has ended: its new parent has yet to reap it
-        try:
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-    deadline = time.time() + 5
-    while running(grandchild) and time.time() < deadline:
-        time.sleep(0.05)
-    if running(grandchild):
+    try:
+        assert psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE  # ended; its new parent has yet to reap it
+    except psutil.NoSuchProcess:
+        pass
+    except AssertionError:
         os.kill(grandchild, signal.SIGKILL)
         pytest.fail("the job's own group was stopped, and the group it started was left running")
+    assert (tmp_path / "saved").read_text() == "saved"  # stopped by its SIGTERM, not killed before it had saved
 
 
 def test_the_gpu_suite_leaves_out_what_its_budget_cannot_hold(tmp_path):
