@@ -1,7 +1,7 @@
 """
-The GPT language model: one file, no dependencies beyond torch. GPT-2 by default; each GPTConfig field
-from `pos_emb` on switches one part to its LLaMA-era alternative (rotary positions, RMSNorm, SwiGLU or
-ReLU^2, grouped-query attention, QK-norm, untied embeddings), and the defaults are GPT-2 bit for bit.
+The GPT language model: one file, no dependencies beyond torch. GPT-2 by default; the GPTConfig fields from
+`pos_emb` on switch parts to their LLaMA-era alternatives (rotary positions, RMSNorm, SwiGLU or ReLU^2,
+grouped-query attention, QK-norm, untied embeddings) and size them, and the defaults are GPT-2 bit for bit.
 
 Parameter names follow GPT-2's published checkpoints (transformer.h.0.attn.c_attn, ...) so that hf.py
 copies OpenAI's weights in by name.

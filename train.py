@@ -55,7 +55,7 @@ log_interval = 1  # print a progress line every this many steps [log_interval > 
 log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals, samples, the summary, skipped steps, stops and a resume's changed settings) [log_format in ('text', 'json', 'quiet')]
 eval_iters = 200  # batches per split in each evaluation [eval_iters > 0]
 dry_run = False  # print the memory plan, tokens per step, model size and FLOPs per token, then exit: nothing is trained or written
-eval_only = False  # evaluate a trained model once (resume, or any init_from), write out_dir/eval.json and exit; the run's own files stay as they are
+eval_only = False  # evaluate a trained model once (any init_from but scratch), write out_dir/eval.json and exit; the run's own files stay as they are
 always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves (the last eval always writes it)
 keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
 max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (counted at log lines) [max_nonfinite_steps > 0]

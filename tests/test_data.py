@@ -4,7 +4,7 @@ import pickle
 import numpy as np
 import pytest
 
-from conftest import gpt2_rank_file, load_module, run_script, shakespeare
+from conftest import ROOT, gpt2_rank_file, load_module, run_script, shakespeare
 from common import UserError
 from tokenizer import encoding_from_bytes, gpt2_encoding, read_ranks
 
@@ -36,6 +36,8 @@ def test_tiny_shakespeare_is_read_from_the_named_input_then_each_folder_in_turn(
     assert load_text(None, [str(bpe), str(tmp_path)]) == ("to be or not to be", str(tmp_path / "input.txt"))
     (bpe / "input.txt").write_text("that is the question")
     assert load_text(None, [str(bpe), str(tmp_path)]) == ("that is the question", str(bpe / "input.txt"))
+    assert load_module("data/shakespeare/prepare.py").TEXT_FOLDERS == [os.path.join(ROOT, "data", "shakespeare"),
+                                                                       os.path.join(ROOT, "data", "shakespeare_char")]
 
 
 def test_gpt2_encoding_from_a_rank_file_gives_gpt2_ids():

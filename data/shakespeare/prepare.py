@@ -23,6 +23,8 @@ from common import UserError  # noqa: E402
 from data.tinyshakespeare import CHAR_DIR, describe_text, load_text  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
+TEXT_FOLDERS = [HERE, CHAR_DIR]  # where input.txt is looked for: this folder's, then the char dataset's (one copy serves both)
+
 
 def prepare(text: str, out_dir: str, rank_file: str | None = None, source: str = "text given to prepare()",
             overwrite: bool = True) -> dict:
@@ -51,7 +53,7 @@ if __name__ == "__main__":
     def job():
         if not overwrite:  # here, before a download, and again once the folder is held
             refuse_to_replace(args.out_dir)
-        text, source = load_text(args.input, [HERE, CHAR_DIR])
+        text, source = load_text(args.input, TEXT_FOLDERS)
         return prepare(text, args.out_dir, args.gpt2_tiktoken, source, overwrite)
     meta = run_cli(job, args.out_dir)
     print(meta["source"])
