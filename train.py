@@ -242,8 +242,8 @@ class StopFlag:
 
     @staticmethod
     def _say(cause: str, again: str):
-        print(f"{cause}: checkpointing after this step (under DDP, within {STOP_CHECK_STEPS} steps), then exiting"
-              f"{again}", file=sys.stderr, flush=True)
+        print(f"{cause}: checkpointing after this step (an evaluation under way is dropped; under DDP, within "
+              f"{STOP_CHECK_STEPS} steps or batches), then exiting{again}", file=sys.stderr, flush=True)
 
 
 REPEAT_GRACE_S = 5  # a SIGTERM this soon after the first is the same one, forwarded
@@ -317,23 +317,37 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
 
 @torch.no_grad()
 def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int = 0, world_size: int = 1,
-                  splits=("train", "val")) -> dict[str, float]:
+                  splits=("train", "val"), stop=None) -> dict[str, float] | None:
     """Mean loss over eval_iters batches per split, batch_fn(split, k) giving batch k. Each rank evaluates
-    its share of the k and the results are summed across ranks, so every rank returns the same numbers."""
+    its share of the k and the results are summed across ranks, so every rank returns the same numbers.
+    stop: a function asked between batches (every STOP_CHECK_STEPS under several processes, which agree on it by
+    a small all-reduce): when it says so, the evaluation is dropped and None returned, on every rank."""
+    device = next(model.parameters()).device
     model.eval()
-    out = {}
-    for split in splits:
-        losses = torch.zeros(eval_iters, device=next(model.parameters()).device)
-        for k in range(rank, eval_iters, world_size):
-            x, y = batch_fn(split, k)
-            with ctx:
-                loss = model(x, y)[1]
-            losses[k] = loss.detach()  # stays on the device: one sync per split, not one per batch
-        if world_size > 1:
-            dist.all_reduce(losses)
-        out[split] = losses.mean().item()
-    model.train()
-    return out
+    try:
+        out = {}
+        for split in splits:
+            losses = torch.zeros(eval_iters, device=device)
+            for n in range(-(-eval_iters // world_size)):  # as many on every rank, for the stop checks' all-reduces
+                if stop is not None and world_size == 1 and stop():  # a host bool: free to read
+                    return None
+                if stop is not None and world_size > 1 and n % STOP_CHECK_STEPS == 0:
+                    flag = torch.tensor(float(stop()), device=device)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # a signal to any one rank stops them all
+                    if flag.item():
+                        return None
+                k = rank + n * world_size
+                if k < eval_iters:
+                    x, y = batch_fn(split, k)
+                    with ctx:
+                        loss = model(x, y)[1]
+                    losses[k] = loss.detach()  # stays on the device: one sync per split, not one per batch
+            if world_size > 1:
+                dist.all_reduce(losses)
+            out[split] = losses.mean().item()
+        return out
+    finally:
+        model.train()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,6 +674,18 @@ if __name__ == "__main__":
             raw_model.train()
         report.sample(it, decode(ids[0].tolist()))
 
+    def stop_here(streak: int, where: str):
+        """A stop that a signal asked for: save the weights and say so, unless the last `streak` steps were skipped
+        as non-finite, weights no evaluation vouches for: then the resume goes back to the last checkpoint."""
+        if streak:
+            report.print(f"stopped by signal {where}, in {plural(streak, 'step')} in a row with a non-finite loss or "
+                         "gradient norm: not saved; " + (f"--init_from=resume goes on from {saved[0]} at iter "
+                                                         f"{saved[1]}" if saved else "no checkpoint had been written"),
+                         always=True)
+        else:
+            save(evaluated=False, improved=False)
+            report.print(f"stopped by signal {where}; resume with --init_from=resume", always=True)
+
     def save(evaluated: bool, improved: bool):
         """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it; when
         rank 0 cannot save, every rank stops with its message."""
@@ -731,7 +757,19 @@ if __name__ == "__main__":
         # evaluate and checkpoint, unless the checkpoint just resumed was written right after this same eval
         if (iter_num % eval_interval == 0 or iter_num >= max_iters) and not skip_first_eval:
             t_eval = time.monotonic()
-            losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
+            losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size, stop=lambda: stop.requested)
+            if losses is None:  # a stop signal came during it: dropped (a long one would outlast a scheduler's grace)
+                t_log += time.monotonic() - t_eval
+                if iters_since_log:
+                    train_time += time.monotonic() - t_log
+                if iter_num == start_iter:  # the weights are the checkpoint's, or a new run's first
+                    report.print(f"stopped by signal during the evaluation at iter {iter_num}, before any step of this "
+                                 "session: nothing to save" + ("; resume with --init_from=resume" if saved else ""),
+                                 always=True)
+                else:  # the resume evaluates again
+                    stop_here(int(in_a_row.item()), f"during the evaluation at iter {iter_num} (dropped)")
+                stopped_by_signal = True
+                break
             improved = math.isfinite(losses["val"]) and losses["val"] < best_val_loss  # NaN never becomes best
             if improved:
                 best_val_loss, best_iter = losses["val"], iter_num
@@ -837,14 +875,7 @@ if __name__ == "__main__":
             if stop_now:
                 if iters_since_log:  # the steps since the last log line count in the summary's times too
                     train_time += time.monotonic() - t_log
-                if streak:  # no evaluation to vouch for the weights: the resume goes back to the last checkpoint
-                    report.print(f"stopped by signal at iter {iter_num}, in {plural(int(streak), 'step')} in a row with "
-                                 "a non-finite loss or gradient norm: not saved; " + (f"--init_from=resume goes on "
-                                 f"from {saved[0]} at iter {saved[1]}" if saved else "no checkpoint had been written"),
-                                 always=True)
-                else:
-                    save(evaluated=False, improved=False)
-                    report.print(f"stopped by signal at iter {iter_num}; resume with --init_from=resume", always=True)
+                stop_here(int(streak), f"at iter {iter_num}")
                 stopped_by_signal = True
                 break
 

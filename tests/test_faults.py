@@ -106,6 +106,40 @@ def test_sigterm_checkpoints_exits_0_and_resumes_exactly(char_data, straight_run
     assert_same_run(straight_run, out)
 
 
+def test_a_stop_during_an_evaluation_drops_it_saves_and_resumes_exactly(char_data, straight_run, tmp_path):
+    """A long evaluation (eval_iters 100,000 here; HellaSwag-sized ones take minutes) would outlast the grace a
+    scheduler gives after its SIGTERM: the evaluation is dropped, the weights saved unevaluated, and the resume
+    evaluates them again, as the unbroken run did."""
+    first = str(tmp_path / "first")  # a new run stopped in its first evaluation: nothing trained, nothing saved
+    proc = start(char_data, first, str(tmp_path), eval_iters=100_000)
+    while not os.path.exists(os.path.join(first, "run.json")):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert ("stopped by signal during the evaluation at iter 0, before any step of this session: nothing to save\n"
+            in stdout) and not os.path.exists(os.path.join(first, "ckpt.pt"))
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *args_for(char_data, out, max_iters=2), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    proc = start(char_data, out, str(tmp_path), init_from="resume", eval_iters=100_000)  # stopped in iter 4's
+    for line in proc.stdout:
+        if line.startswith("iter 4/24"):
+            break
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "stopped by signal during the evaluation at iter 4 (dropped); resume with --init_from=resume" in stdout
+    saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert saved["iter_num"] == 4 and not saved["evaluated"]
+    result = run_script("train.py", *args_for(char_data, out, init_from="resume"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert_same_run(straight_run, out)
+
+
 def test_a_kill_right_after_a_checkpoint_loses_no_sample(char_data, tmp_path):
     """Each eval's sample is written before its checkpoint: once ckpt.pt of iter 4 is there, so is iter 4's sample
     (written after it, a kill while sampling would leave a checkpoint that the resume takes as evaluated and

@@ -391,6 +391,10 @@ def test_estimate_loss_uses_the_same_windows_every_time(tmp_path):
     second = estimate_loss(model, batch_fn, eval_iters=3, splits=("val",))
     assert first == second and first["val"] > 0
     assert model.training  # put back in training mode
+    asked = []  # a stop asked for before the third batch: the evaluation is dropped, the model back in training
+    assert estimate_loss(model, batch_fn, 3, splits=("val",), stop=lambda: asked.append(1) or len(asked) > 2) is None
+    assert len(asked) == 3 and model.training
+    assert estimate_loss(model, batch_fn, 3, splits=("val",), stop=lambda: False) == first
 
 
 def test_ranks_draw_different_parts_of_one_global_batch(tmp_path):
