@@ -147,6 +147,18 @@ def read_summary(out_dir: str) -> dict | None:
     return read_json(os.path.join(out_dir, "summary.json"), "it was not written by this trainer: run again")
 
 
+def failing_wandb(hook, wandb):
+    """sys.excepthook while a wandb run is open: the run is marked failed (as wandb's own hook would, which also
+    prints the traceback), then `hook` reports the error."""
+    def excepthook(exc_type, exc, tb):
+        try:
+            wandb.finish(exit_code=255 if issubclass(exc_type, KeyboardInterrupt) else 1)
+        except Exception:  # a run that cannot finish now keeps its files, for `wandb sync`
+            pass
+        hook(exc_type, exc, tb)
+    return excepthook
+
+
 class Reporter:
     def __init__(self, out_dir: str, log_format: str, active: bool):
         self.out_dir, self.format, self.active = out_dir, log_format, active
@@ -189,13 +201,16 @@ class Reporter:
                 name, run_id = f"{name} from iter {truncate_at}", None
                 self.print(f"wandb: the run logged iters up to {logged} with other settings; this session logs to a new "
                            f"wandb run, {name!r}, as wandb would drop its steps up to iter {logged}", always=True)
+            hook = sys.excepthook  # the scripts' one error line, which wandb.init replaces with its traceback
             try:
                 wandb.init(project=wandb_settings["project"], name=name, config=config, id=run_id, resume="allow")
             except Exception as e:  # no API key, no network, a refused project; a bad WANDB_ setting (pydantic's)
+                sys.excepthook = hook
                 raise UserError(f"wandb_log=True but wandb could not start ({e.__class__.__name__}: "
                                 f"{' '.join(str(e).split())[:300]}): check the WANDB_ variables, run `wandb login`, set "
                                 "WANDB_MODE=offline (then `wandb sync` later), or pass --wandb_log=False") from None
             self.wandb, run_id = wandb, wandb.run.id
+            sys.excepthook = failing_wandb(hook, wandb)
         with writing_run_files(self.out_dir, "config.json"):
             write_json(os.path.join(self.out_dir, "config.json"), dict(sorted(config.items())))
         with writing_run_files(self.out_dir, "run.json"):

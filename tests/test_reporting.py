@@ -102,9 +102,9 @@ def test_plot_of_a_folder_without_metrics_is_an_error(tmp_path):
     assert result.returncode != 0 and "metrics.csv not found" in result.stderr
 
 
-def wandb_history(run_dir):
-    """(run id, [history steps], the keys logged) from an offline run's .wandb file: wandb's record log (32 KiB
-    blocks of CRC, length, type headers) of protobuf Records, read with wandb's own message classes."""
+def wandb_records(run_dir) -> list:
+    """The protobuf Records of an offline run's .wandb file: wandb's record log (32 KiB blocks of CRC, length,
+    type headers), read with wandb's own message classes."""
     from wandb.proto import wandb_internal_pb2
     (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
     data, pos, chunks, records = open(path, "rb").read(), 7, b"", []
@@ -119,10 +119,17 @@ def wandb_history(run_dir):
         if kind in (1, 4):  # a whole record, or the last piece of one
             records.append(chunks)
             chunks = b""
-    run_id, steps, keys = None, [], set()
+    parsed = []
     for raw in records:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+        parsed.append(wandb_internal_pb2.Record())
+        parsed[-1].ParseFromString(raw)
+    return parsed
+
+
+def wandb_history(run_dir):
+    """(run id, [history steps], the keys logged) of an offline run."""
+    run_id, steps, keys = None, [], set()
+    for record in wandb_records(run_dir):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run_id = record.run.run_id
@@ -149,6 +156,18 @@ def test_wandb_resume_continues_one_run_with_monotonic_steps(char_data, tmp_path
     assert {"lr", "train/loss_step", "val/loss"} <= keys and "mfu" not in keys  # unknown on a CPU: no 0% chart
     steps = steps_a + steps_b
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 20
+
+
+@pytest.mark.slow
+def test_an_error_after_wandb_started_is_one_line_and_a_failed_wandb_run(char_data, tmp_path):
+    """wandb.init puts its own excepthook in place, which printed the traceback before the error line."""
+    result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "out"), wandb_log=True, learning_rate=1e30,
+                                               grad_clip=0, max_nonfinite_steps=2),
+                        cwd=str(tmp_path), env={"WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: 2 steps in a row had a non-finite loss")
+    (run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    assert [r.exit.exit_code for r in wandb_records(run) if r.WhichOneof("record_type") == "exit"] == [1]
 
 
 @pytest.mark.slow
