@@ -551,6 +551,11 @@ if __name__ == "__main__":
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     token_limit = model.config.vocab_size  # every batch read is checked against it too (see read_batch)
+    if data["vocabulary"] == {"tokenizer": None, "chars": None} and data["max_token_id"] < 256:
+        report.warn(f"dataset {dataset} has no meta.json or meta.pkl to name its tokens, so they are taken as GPT-2's "
+                    f"(nanoGPT's layout), but its largest id is {data['max_token_id']}, where GPT-2 text has ids in the "
+                    "thousands: if they are characters, prepare the text again (data/prepare.py --tokenizer char "
+                    "writes meta.json) or put its meta.pkl back, or sample.py will decode them as GPT-2's")
     # from the run's vocabulary, now settled: without meta.pkl, the characters of the checkpoint started from
     codec = codec_of(data["vocabulary"], model.config.vocab_size) \
         if hellaswag_interval or (sample_interval and master_process) else None

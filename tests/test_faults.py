@@ -513,6 +513,16 @@ def test_nodes_that_read_different_checkpoints_are_stopped_before_training(char_
     assert "error: out_dir out is in use by another train.py" in resume()
 
 
+def test_a_new_run_on_character_ids_without_their_names_warns_that_they_are_taken_as_gpt2s(char_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(char_data, data)
+    os.remove(data / "meta.json"), os.remove(data / "meta.pkl")  # train.bin and val.bin alone: nanoGPT's GPT-2 layout
+    result = run_script("train.py", *args_for(str(data), str(tmp_path / "out"), max_iters=2), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (f"warning: dataset {data} has no meta.json or meta.pkl to name its tokens, so they are taken as GPT-2's "
+            f"(nanoGPT's layout), but its largest id is {char_vocab_size(char_data) - 1}") in result.stderr
+
+
 def test_a_resume_on_data_that_no_longer_names_its_characters_keeps_the_checkpoints_characters(char_data, tmp_path):
     """nanoGPT's layout without meta.pkl (train.bin and val.bin copied alone): the tokens are the same, so the
     run goes on, and its checkpoints keep the characters the model was trained on, for sample.py to decode."""
@@ -525,6 +535,7 @@ def test_a_resume_on_data_that_no_longer_names_its_characters_keeps_the_checkpoi
                                               sample_prompt="ROMEO:"), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "---- sample at iter 8 ----\nROMEO:" in result.stdout  # encoded and decoded as characters, not BPE
+    assert "taken as GPT-2's" not in result.stderr
     saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
     assert saved["iter_num"] == 8 and saved["vocabulary"] == before and len(before["chars"]) == char_vocab_size(char_data)
     sampled = run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5",
