@@ -43,7 +43,8 @@ def _checked(key: str, value, defaults: dict, source: str, autos=()):
     the string 'auto' (their rules say what it means)."""
     if key not in defaults:
         close = difflib.get_close_matches(key, defaults, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the keys"
+        hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the keys" + (
+            " (a name of the file's own starts with _)" if source.startswith("config file") else "")
         raise UserError(f"unknown config key '{key}' in {source}{hint}")
     default = defaults[key]
     if type(default) is float and type(value) is int:

@@ -219,8 +219,8 @@ def find_dataset(dataset: str) -> str:
         raise UserError(f"dataset '{dataset}' is a file, not a dataset folder: {fix}")
     data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
     if not os.path.isdir(data_dir):
-        how = (f"python data/{dataset}/prepare.py, or data/prepare.py for your own text" if os.sep not in dataset
-               else f"python data/prepare.py --input YOUR_TEXT --out_dir {dataset}")
+        # (a folder data/NAME with a prepare.py of its own is there, and is met below, unprepared)
+        how = f"python data/prepare.py --input YOUR_TEXT --out_dir {dataset if os.sep in dataset else 'data/' + dataset}"
         where = dataset if os.path.isabs(dataset) else f"{dataset} or {data_dir}"  # an absolute path joins to itself
         raise UserError(f"dataset '{dataset}' not found: no folder {where}; prepare it first ({how})")
     return data_dir
@@ -330,7 +330,8 @@ def load_dataset(dataset: str, block_size: int | None) -> dict:
         files = {split: [os.path.join(data_dir, f"{split}.bin")] for split in ("train", "val")}
         if not os.path.isfile(files["train"][0]):
             script = os.path.join(data_dir, "prepare.py")
-            how = f"python {os.path.relpath(script)}" if os.path.isfile(script) else "its prepare script"
+            how = (f"python {os.path.relpath(script)}" if os.path.isfile(script) else
+                   f"python data/prepare.py --input YOUR_TEXT --out_dir {data_dir}")
             raise UserError(f"dataset '{dataset}' has no train.bin or meta.json in {data_dir}: prepare it first ({how})")
         pkl = read_meta_pkl(data_dir)
         vocab_size = pkl["vocab_size"] if pkl else None

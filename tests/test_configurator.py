@@ -204,7 +204,7 @@ def test_a_helper_name_in_a_config_file_is_told_to_start_with_an_underscore(tmp_
         configure(DEFAULTS, [str(path)])
     path.write_text("seed = 3\n")  # another script's setting, not used in the file: no helper
     with pytest.raises(UserError, match=r"^unknown config key 'seed' in config file .*exp.py'; see --help for the "
-                                        r"keys$"):
+                                        r"keys \(a name of the file's own starts with _\)$"):
         configure(DEFAULTS, [str(path)])
     path.write_text("_n = 3\nbatch_size = _n\n")
     assert configure(DEFAULTS, [str(path)])["batch_size"] == 3

@@ -356,6 +356,9 @@ CASES = [
     # ---- train.py: datasets
     Case("dataset missing", "train.py", [*TRAIN, "--dataset={tmp}/nothing_here"],  # named once: the path is absolute
          r"dataset '(.*nothing_here)' not found: no folder \1; prepare it first"),
+    Case("dataset name unknown", "train.py", [*TRAIN, "--dataset=no_such_dataset"],  # no data/no_such_dataset/prepare.py
+         r"dataset 'no_such_dataset' not found: no folder no_such_dataset or .*data/no_such_dataset; prepare it first "
+         r"\(python data/prepare.py --input YOUR_TEXT --out_dir data/no_such_dataset\)$"),
     Case("dataset not prepared", "train.py", [*TRAIN, "--dataset={tmp}/fresh"],
          r"has no train.bin or meta.json in .*fresh: prepare it first \(python .*fresh/prepare.py\)",
          setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "fresh")),
