@@ -45,8 +45,8 @@ import numpy as np
 import torch
 
 import configurator
-from common import (UserError, autocast_context, check_compile_mode, check_device, compile_problem, excepthook, peak_flops,
-                    resolve_dtype)
+from common import (UserError, autocast_context, check_compile_mode, check_device, compile_problem, cpu_contention,
+                    excepthook, peak_flops, resolve_dtype)
 from fp8 import check_fp8, use_fp8
 from model import GPT, GPTConfig
 
@@ -662,6 +662,10 @@ if __name__ == "__main__":
         unset = [k for k in CPU_MODEL if cpu_read[k] != first[k] and re.search(rf"\b{k}=", str(e))]
         raise UserError(f"{e}" + (f" ({', '.join(f'{k}={CPU_MODEL[k]}' for k in unset)}: bench's CPU default, as it "
                                   "was not given: give it too)" if on_cpu and unset else "")) from None
+    if check_device(device) == "cpu" and hasattr(os, "getloadavg"):  # as train.py: timings on a busy CPU mislead
+        contention = cpu_contention(os.getloadavg()[0], os.cpu_count() or 1, torch.get_num_threads())
+        if contention:
+            print(f"warning: {contention}; what else runs is timed too", file=sys.stderr)
     if config["profile"]:  # the trace is written after the timing: a folder that cannot be made fails now, not then
         made = not os.path.isdir("bench_trace")
         try:
