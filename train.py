@@ -375,6 +375,9 @@ if __name__ == "__main__":
     # errors met in out_dir before the processes join: under torchrun held till they have (see raise_held)
     held, checkpoint, runs_own = None, None, {}
     try:
+        if config["init_from"] == "resume" and not os.path.isdir(config["out_dir"]):  # a typo: make no folder of it
+            raise UserError(f"no checkpoint at {os.path.join(config['out_dir'], config['resume_from'])}: there is no "
+                            f"folder {config['out_dir']}; check out_dir (init_from='resume' continues a run saved there)")
         if master_process:  # only rank 0 logs, and dry runs and evaluations start no wandb run
             check_wandb(config["wandb_log"] and not (config["eval_only"] or config["dry_run"]))
         if master_process and not config["dry_run"]:  # a dry run writes nothing, so a read-only out_dir will do

@@ -270,7 +270,8 @@ CASES = [
          r"out_dir .*live is in use by train.py \(pid \d+ on .*\): wait for that run to end", runner=run_holding_the_lock),
     # ---- train.py: checkpoints
     Case("resume another shape", "train.py", [*RESUME, "--n_layer=3"], r"another model shape: n_layer=3 \(checkpoint: 2\); give the checkpoint's \(--n_layer=2\)"),
-    Case("resume nothing", "train.py", [*RESUME, "--out_dir={tmp}/empty"], r"no checkpoint at .*empty/ckpt.pt"),
+    Case("resume nothing", "train.py", [*RESUME, "--out_dir={tmp}/empty"],  # and no folder made of the typo
+         r"no checkpoint at .*empty/ckpt.pt: there is no folder .*empty; check out_dir"),
     Case("torn checkpoint", "train.py", [*RESUME, "--out_dir={tmp}/other"], r"checkpoint .*other/ckpt.pt cannot be read",
          setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "other")), write(
              os.path.join(tmp, "other", "ckpt.pt"), open(os.path.join(run, "ckpt.pt"), "rb").read()[:5000]))),
@@ -640,6 +641,15 @@ def test_there_are_enough_cases_over_every_script():
     assert len(CASES) >= 50 and len({c.id for c in CASES}) == len(CASES)
     assert {c.script for c in CASES} == {"train.py", "sample.py", "plot.py", "bench.py", "eval.py", "export.py",
                                          "data/prepare.py", "data/shakespeare_char/prepare.py"}
+
+
+def test_a_resume_from_a_folder_that_is_not_there_makes_none(tmp_path):
+    """A typo in out_dir: before, the refused resume left the folder behind with its run.lock."""
+    from conftest import run_script
+    result = run_script("train.py", "--init_from=resume", f"--out_dir={tmp_path / 'typo'}", "--device=cpu",
+                        cwd=str(tmp_path))
+    assert result.returncode == 1 and result.stderr.startswith(f"error: no checkpoint at {tmp_path / 'typo'}")
+    assert not (tmp_path / "typo").exists()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
