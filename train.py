@@ -389,6 +389,10 @@ if __name__ == "__main__":
                 raise UserError(f"out_dir {config['out_dir']} holds a transformers model (export.py's, say), whose "
                                 "config.json a run's would replace: choose another out_dir (a finetune of it keeps "
                                 "--init_from on that folder)")
+            if config["init_from"] != "resume" and any(os.path.isfile(os.path.join(config["out_dir"], name))
+                                                      for name in ("meta.json", "train.bin")):
+                raise UserError(f"out_dir {config['out_dir']} holds a dataset (meta.json or train.bin): a run's files "
+                                "go in a folder of their own; choose another out_dir")
             os.makedirs(config["out_dir"], exist_ok=True)
             # taken before the checkpoint is read and held until this process ends: a second run here is refused
             lock = FolderLock(config["out_dir"])

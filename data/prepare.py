@@ -462,6 +462,10 @@ def run_cli(job, out_dir: str):
     handler then removes the .tmp files and a folder this prepare made, kills the workers and exits at once.
     While a finished dataset is put in place, the signal waits (dataset.write_meta)."""
     existed = os.path.lexists(out_dir)
+    run_files = [name for name in ("ckpt.pt", "run.json") if os.path.isfile(os.path.join(out_dir, name))]
+    if run_files:
+        sys.exit(f"error: --out_dir {out_dir} holds a training run ({', '.join(run_files)}): a dataset goes in a "
+                 "folder of its own; choose another --out_dir")
 
     def say(signum):
         with contextlib.suppress(Exception):  # a reader gone (a Ctrl-C that also ended `| tee`) stops nothing here

@@ -264,6 +264,9 @@ CASES = [
          setup=lambda tmp, run, data: write(os.path.join(run, "metrics.csv"), "".join(
              ("x" + line[line.index(","):]) if i == 2 else line
              for i, line in enumerate(open(os.path.join(run, "metrics.csv")).readlines())))),
+    Case("out_dir a dataset's folder", "train.py", [*TRAIN, "--out_dir={data}", "--overwrite=True"],
+         r"out_dir .*data holds a dataset \(meta.json or train.bin\): a run's files go in a folder of their own; "
+         r"choose another out_dir$"),
     Case("out_dir not writable", "train.py", [*TRAIN, "--out_dir={tmp}/a_file/out"], r"out_dir .*a_file/out is not writable",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "a_file"), "not a folder")),
     Case("out_dir in use", "train.py", [*TRAIN, "--out_dir={live}", "--overwrite=True"],
@@ -474,6 +477,10 @@ CASES = [
     Case("plot torn last row", "plot.py", ["{run}"], None, setup=torn_row, may_create={"plot.png"}),
     # ---- data/prepare.py and data/shakespeare_char/prepare.py, into the prepared dataset's folder (with
     # --overwrite, to reach the failures past their refusal to replace it)
+    Case("prepare into a run's folder", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{run}",
+                                                             "--overwrite", "--tokenizer", "char"],
+         r"--out_dir .*run holds a training run \(ckpt.pt, run.json\): a dataset goes in a folder of its own; choose "
+         r"another --out_dir$", setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "hello world\n" * 100)),
     Case("prepare over a dataset", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{data}", "--tokenizer", "char"],
          r"--out_dir .*data already holds a dataset \(char, [\d,]+ train tokens, vocab_size \d+, from .*\): choose another "
          r"--out_dir, or add --overwrite to replace it",
