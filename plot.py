@@ -140,11 +140,13 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dirs", nargs="+", help="run folders holding metrics.csv")
+    parser.add_argument("out_dirs", nargs="+", help="run folders holding metrics.csv (or their metrics.csv files)")
     parser.add_argument("--out", help="PNG to write (default: plot.png in the first run's folder)")
     parser.add_argument("--smooth", type=float, default=0.9, help="EMA weight for the train loss, 0 (none) to 0.99")
     parser.add_argument("--logx", action="store_true", help="log-scale token axis")
     args = parser.parse_args()
+    args.out_dirs = [os.path.dirname(d) or "." if os.path.basename(d) == "metrics.csv" and os.path.isfile(d) else d
+                     for d in args.out_dirs]  # a run's metrics.csv named, for its folder
     if not 0 <= args.smooth < 1:
         sys.exit(f"error: --smooth {args.smooth} is not in [0, 1)")
     out_path = args.out or os.path.join(args.out_dirs[0], "plot.png")

@@ -29,6 +29,8 @@ def test_plot_renders_two_runs(char_data, tmp_path):
     assert image[..., :3].std() > 0.05  # something was drawn
     # each run's iter-0 evaluation is at 0 tokens, which a log axis has not: left out, and said
     assert "note: --logx leaves out 2 points at 0 tokens (iter 0's evaluation): a log axis has no 0\n" == result.stderr
+    named = run_script("plot.py", os.path.join(runs[0], "metrics.csv"), cwd=str(tmp_path))  # the file, for its run
+    assert named.returncode == 0 and named.stdout == f"wrote {os.path.join(runs[0], 'plot.png')}\n", named.stderr
 
 
 def test_a_log_axis_leaves_out_the_points_at_0_tokens_which_it_would_draw_at_its_edge():
