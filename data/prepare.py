@@ -629,10 +629,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", required=True, help="files, folders or globs of .txt/.jsonl/.parquet")
     parser.add_argument("--out_dir", required=True, help="dataset folder to write (give it as --dataset to train.py)")
-    parser.add_argument("--tokenizer", default="gpt2", choices=["gpt2", "char"])
-    parser.add_argument("--text_field", default="text", help="the text's field in .jsonl and .parquet records")
-    parser.add_argument("--val_fraction", type=float, default=0.01, help="share of documents held out for val")
-    parser.add_argument("--seed", type=int, default=0, help="changes which documents go to val")
+    parser.add_argument("--tokenizer", default="gpt2", choices=["gpt2", "char"],
+                        help="GPT-2's BPE, or one token per character (default: gpt2)")
+    parser.add_argument("--text_field", default="text", help="the text's field in .jsonl and .parquet records "
+                                                             "(default: text)")
+    parser.add_argument("--val_fraction", type=float, default=0.01, help="share of documents held out for val "
+                                                                         "(default: 0.01)")
+    parser.add_argument("--seed", type=int, default=0, help="changes which documents go to val (default: 0)")
     parser.add_argument("--shard_tokens", type=int, default=0, help="tokens per shard file; 0 writes one file per split")
     parser.add_argument("--workers", type=int, default=0, help="tokenizer processes; 0 means one per core")
     parser.add_argument("--gpt2_tiktoken", default=None, help="path to GPT-2's gpt2.tiktoken rank file, for offline use")
