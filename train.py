@@ -653,8 +653,10 @@ if __name__ == "__main__":
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
         checkpoint = None  # free the CPU copy
+    # a resume may have changed the batch: the steps done count what they took
     work = f"{max_iters:,} steps of {tokens_per_iter:,} tokens ({gradient_accumulation_steps * batch_size} " \
-        f"sequences) = {max_iters * tokens_per_iter:,} tokens planned; starting at iteration {iter_num}"
+        f"sequences): {tokens_seen + max(0, max_iters - iter_num) * tokens_per_iter:,} tokens planned; starting at " \
+        f"iteration {iter_num}" + (f", {tokens_seen:,} tokens in" if iter_num else "")
     if eval_only:
         work = "one evaluation" + (f" of iteration {iter_num}" if init_from == "resume" else "")
     report.print(f"model: {model.parameters_text()}; {work}; world size {world_size}, {device}, {dtype}, "

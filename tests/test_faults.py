@@ -850,6 +850,9 @@ def test_resume_takes_the_shape_from_the_checkpoint_when_not_given(char_data, tm
                         "--init_from=resume", "--max_iters=6", "--eval_iters=2", "--batch_size=4", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "starting at iteration 4" in result.stdout and "x 32 tokens" in result.stdout  # block_size 32, not 1024
+    # 4 steps of 512 tokens done, 2 of 256 to go: the batch this command gives counts from here only
+    assert "6 steps of 256 tokens (8 sequences): 2,560 tokens planned; starting at iteration 4, 2,048 tokens in" \
+        in result.stdout
     # given, though at its default, it is a choice that contradicts the checkpoint: refused, not silently dropped
     given = run_script("train.py", f"--dataset={char_data}", f"--out_dir={out}", "--device=cpu", "--compile=False",
                        "--init_from=resume", "--max_iters=8", "--block_size=1024", cwd=str(tmp_path))
