@@ -22,7 +22,7 @@ import socket
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 
 import torch
 import torch.distributed as dist
@@ -230,6 +230,8 @@ class StopFlag:
     def _handle(self, signum, frame):
         if self.signalled:  # a lost reader arms nothing: the Ctrl-C that follows it is the first
             if signum == signal.SIGINT or time.monotonic() - self.first > REPEAT_GRACE_S:
+                with suppress(OSError):  # a stderr whose reader is gone
+                    os.write(2, f"{signal.Signals(signum).name} again: exiting now, without saving\n".encode())
                 os._exit(128 + signum)
             return
         self.requested, self.signalled, self.first = True, True, time.monotonic()

@@ -251,9 +251,9 @@ def test_a_second_ctrl_c_exits_at_once_and_a_repeated_sigterm_still_saves(char_d
         if "checkpointing after this step" in line:
             break
     proc.send_signal(second)  # before the 3M-parameter model's step in progress can finish
-    proc.communicate(timeout=60)
+    _, stderr = proc.communicate(timeout=60)
     if second == signal.SIGINT:
-        assert proc.returncode == 128 + signal.SIGINT
+        assert proc.returncode == 128 + signal.SIGINT and stderr.endswith("SIGINT again: exiting now, without saving\n")
         assert not os.path.exists(os.path.join(out, "ckpt.pt"))  # it did not stay to save
     else:
         assert proc.returncode == 0
