@@ -257,6 +257,10 @@ STOP_CHECK_STEPS = 10  # under DDP: steps between the small all-reduce that lets
 # ---------------------------------------------------------------------------------------------
 # learning rate schedule and evaluation
 
+# the settings get_lr takes, in its order, after decay_lr, which chooses it
+SCHEDULE_KEYS = ("decay_lr", "learning_rate", "warmup_iters", "lr_decay_iters", "min_lr", "lr_schedule", "cooldown_frac")
+
+
 def get_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float,
            schedule: str = "cosine", cooldown_frac: float = 0.2) -> float:
     """Learning rate at step `it`: linear warmup to learning_rate, then the schedule (see lr_schedule) down to
@@ -609,6 +613,13 @@ if __name__ == "__main__":
                          + ", ".join(f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in changed.items()),
                          always=True)
         relogs = any(k in VALUE_KEYS for k in changed)
+        if any(k in SCHEDULE_KEYS for k in changed) and not eval_only:  # extending a run's schedule moves its rate
+            rates = [get_lr(checkpoint["iter_num"], *(c[k] for k in SCHEDULE_KEYS[1:])) if c["decay_lr"]
+                     else c["learning_rate"] for c in ({**config, **checkpoint["config"]}, config)]
+            if not math.isclose(*rates, rel_tol=1e-3):
+                report.print(f"the learning rate at iter {checkpoint['iter_num']} is {rates[1]:.3g} by this command's "
+                             f"schedule, where the run's gave {rates[0]:.3g}"
+                             + (f" ({rates[1] / rates[0]:.3g}x)" if rates[0] else ""), always=True)
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     eval_text = (f"{eval_iters} batches of {batch_size} sequences x {block_size} tokens per split = "
                  f"{eval_iters * batch_size * block_size:,} tokens")  # what an eval_only run does, for its lines

@@ -842,6 +842,21 @@ def test_compile_unavailable_falls_back_with_a_warning(char_data, tmp_path):
                                      "sampling without torch.compile"
 
 
+def test_a_resume_that_moves_the_schedule_says_how_the_learning_rate_jumps(char_data, tmp_path):
+    """Extending a finished run with a longer lr_decay_iters sends its rate back up from min_lr."""
+    out = str(tmp_path / "out")
+    assert run_script("train.py", *args_for(char_data, out, max_iters=4, lr_decay_iters=4),
+                      cwd=str(tmp_path)).returncode == 0
+    result = run_script("train.py", *args_for(char_data, out, max_iters=8, lr_decay_iters=8, init_from="resume"),
+                        cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert ("the learning rate at iter 4 is 0.003 by this command's schedule, where the run's gave 0.0003 (10x)\n"
+            in result.stdout)
+    same = run_script("train.py", *args_for(char_data, out, max_iters=12, lr_decay_iters=8, init_from="resume"),
+                      cwd=str(tmp_path))  # max_iters alone moves no rate
+    assert same.returncode == 0 and "the learning rate at iter" not in same.stdout, same.stderr
+
+
 def test_resume_takes_the_shape_from_the_checkpoint_when_not_given(char_data, tmp_path):
     out = str(tmp_path / "out")
     assert run_script("train.py", *args_for(char_data, out, max_iters=4), cwd=str(tmp_path)).returncode == 0
