@@ -134,6 +134,7 @@ def test_a_quiet_resume_still_names_the_settings_it_changed(char_data, tmp_path)
 
 
 def test_resume_without_checkpoint_is_a_one_line_error(char_data, tmp_path):
+    (tmp_path / "empty").mkdir()  # a folder that is not there has its own line (test_mistakes.py)
     result = run_script("train.py", *tiny_args(char_data, str(tmp_path / "empty"), init_from="resume"), cwd=str(tmp_path))
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [f"error: no checkpoint at {tmp_path / 'empty' / 'ckpt.pt'}: check "
