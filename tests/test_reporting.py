@@ -323,12 +323,12 @@ def test_a_resume_keeps_the_sessions_before_it_in_run_json_and_summary_json_is_t
     assert run["earlier_sessions"][0]["summary"]["iters"] == 4 and read_summary(out)["iters"] == 8
     # a session killed before its end leaves no summary.json: the one there was the session's before
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"),
-                             *tiny_args(char_data, out, max_iters=100_000, init_from="resume")],
+                             *tiny_args(char_data, out, max_iters=100_000, eval_interval=100_000, init_from="resume")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(tmp_path))
     while not any(int(row["iter"]) > 8 for row in read_metrics(out)):
         assert proc.poll() is None
         time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
+    proc.send_signal(signal.SIGKILL)  # before any checkpoint past iter 8, however late: none is evaluated till then
     proc.wait()
     assert read_summary(out) is None
     sessions = json.loads(open(os.path.join(out, "run.json")).read())["earlier_sessions"]
