@@ -662,7 +662,8 @@ if __name__ == "__main__":
         unset = [k for k in CPU_MODEL if cpu_read[k] != first[k] and re.search(rf"\b{k}=", str(e))]
         raise UserError(f"{e}" + (f" ({', '.join(f'{k}={CPU_MODEL[k]}' for k in unset)}: bench's CPU default, as it "
                                   "was not given: give it too)" if on_cpu and unset else "")) from None
-    if check_device(device) == "cpu" and hasattr(os, "getloadavg"):  # as train.py: timings on a busy CPU mislead
+    if check_device(device) == "cpu" and first["mode"] in ("train", "generate") and hasattr(os, "getloadavg"):
+        # as train.py: timings on a busy CPU mislead (the data modes time reads, where torch's threads do not matter)
         contention = cpu_contention(os.getloadavg()[0], os.cpu_count() or 1, torch.get_num_threads())
         if contention:
             print(f"warning: {contention}; what else runs is timed too", file=sys.stderr)

@@ -329,6 +329,10 @@ def load_dataset(dataset: str, block_size: int | None) -> dict:
         dtype, vocab_size, max_id, expected = np.dtype(np.uint16), None, None, None
         files = {split: [os.path.join(data_dir, f"{split}.bin")] for split in ("train", "val")}
         if not os.path.isfile(files["train"][0]):
+            run = [name for name in ("ckpt.pt", "run.json") if os.path.isfile(os.path.join(data_dir, name))]
+            if run:
+                raise UserError(f"dataset '{dataset}' is a training run's folder ({', '.join(run)}), not a dataset: "
+                                "give the dataset folder the run trained on (its config.json names it)")
             script = os.path.join(data_dir, "prepare.py")
             how = (f"python {os.path.relpath(script)}" if os.path.isfile(script) else
                    f"python data/prepare.py --input YOUR_TEXT --out_dir {data_dir}")

@@ -145,7 +145,7 @@ if __name__ == "__main__":
     parser.add_argument("--smooth", type=float, default=0.9, help="EMA weight for the train loss, 0 (none) to 0.99")
     parser.add_argument("--logx", action="store_true", help="log-scale token axis")
     args = parser.parse_args()
-    args.out_dirs = [os.path.dirname(d) or "." if os.path.basename(d) == "metrics.csv" and os.path.isfile(d) else d
+    args.out_dirs = [os.path.dirname(d) or "." if os.path.basename(d) == "metrics.csv" and not os.path.isdir(d) else d
                      for d in args.out_dirs]  # a run's metrics.csv named, for its folder
     if not 0 <= args.smooth < 1:
         sys.exit(f"error: --smooth {args.smooth} is not in [0, 1)")

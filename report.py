@@ -148,14 +148,14 @@ def read_summary(out_dir: str) -> dict | None:
 
 
 def failing_wandb(hook, wandb):
-    """sys.excepthook while a wandb run is open: the run is marked failed (as wandb's own hook would, which also
-    prints the traceback), then `hook` reports the error."""
+    """sys.excepthook while a wandb run is open: `hook` reports the error, then the run is marked failed (as
+    wandb's own hook would, which prints the traceback instead)."""
     def excepthook(exc_type, exc, tb):
+        hook(exc_type, exc, tb)  # first: a finish that hangs (no network) or is interrupted must not lose the line
         try:
             wandb.finish(exit_code=255 if issubclass(exc_type, KeyboardInterrupt) else 1)
-        except Exception:  # a run that cannot finish now keeps its files, for `wandb sync`
+        except BaseException:  # a run that cannot finish now keeps its files, for `wandb sync`
             pass
-        hook(exc_type, exc, tb)
     return excepthook
 
 

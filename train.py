@@ -211,10 +211,11 @@ def kept_checkpoint(saved: tuple[str, int] | None) -> str:
 
 class StopFlag:
     """Set by the first SIGTERM or SIGINT (preemption, Ctrl-C, a scheduler's time limit), so the run can
-    finish its step, checkpoint and exit 0; a second signal exits at once, except a SIGTERM within
+    finish its step (or drop the evaluation under way), checkpoint and exit 0; a second signal exits at once, except a SIGTERM within
     REPEAT_GRACE_S of the first: a scheduler such as Slurm signals every process of the job and torchrun
     forwards its own copy, so each worker gets two at once. A single process looks at the flag after every
-    step; under DDP the ranks agree on it every STOP_CHECK_STEPS steps (and at log lines).
+    step and evaluation batch; under DDP the ranks agree on it every STOP_CHECK_STEPS steps or batches (and at log
+    lines).
     The loss of stdout's or stderr's reader (`| tee log` and a Ctrl-C that ends both, or `| head`) sets it too, as
     the SIGPIPE that Python ignores would have: the run writes on to /dev/null until it has checkpointed."""
 
@@ -251,7 +252,7 @@ class StopFlag:
 REPEAT_GRACE_S = 5  # a SIGTERM this soon after the first is the same one, forwarded
 
 
-STOP_CHECK_STEPS = 10  # under DDP: steps between the small all-reduce that lets a signal to one rank stop all
+STOP_CHECK_STEPS = 10  # under DDP: steps (or evaluation batches) between the small all-reduce that lets a signal to one rank stop all
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,7 +348,7 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
                     x, y = batch_fn(split, k)
                     with ctx:
                         loss = model(x, y)[1]
-                    losses[k] = loss.detach()  # stays on the device: one sync per split, not one per batch
+                    losses[k] = loss.detach()  # stays on the device: one sync per split (and per stop check under DDP)
             if world_size > 1:
                 dist.all_reduce(losses)
             out[split] = losses.mean().item()
@@ -564,7 +565,8 @@ if __name__ == "__main__":
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     token_limit = model.config.vocab_size  # every batch read is checked against it too (see read_batch)
-    if data["vocabulary"] == {"tokenizer": None, "chars": None} and data["max_token_id"] < 256:
+    if data["vocabulary"] == {"tokenizer": None, "chars": None} and data["max_token_id"] < 256 and \
+            init_from != "resume" and not eval_only:
         report.warn(f"dataset {dataset} has no meta.json or meta.pkl to name its tokens, so they are taken as GPT-2's "
                     f"(nanoGPT's layout), but its largest id is {data['max_token_id']}, where GPT-2 text has ids in the "
                     "thousands: if they are characters, prepare the text again (data/prepare.py --tokenizer char "
@@ -607,15 +609,16 @@ if __name__ == "__main__":
                      + ", ".join(f"{k}={v!r}" for k, v in runs_own.items()))
     relogs = False  # whether this session's steps may differ from those the run logged past its checkpoint
     if checkpoint is not None:  # a resume takes the settings this command gives: say which differ from the run's
-        changed = {k: v for k, v in config.items() if k not in RESUME_SAME and checkpoint["config"].get(k, v) != v}
+        run_config = {**config_defaults, **checkpoint["config"]}  # a setting newer than the run: its default then
+        changed = {k: v for k, v in config.items() if k not in RESUME_SAME and run_config.get(k, v) != v}
         if changed:
             report.print(f"{'evaluating' if eval_only else 'resumed'} with settings other than the run's: "
-                         + ", ".join(f"{k}={v!r} (was {checkpoint['config'][k]!r})" for k, v in changed.items()),
+                         + ", ".join(f"{k}={v!r} (was {run_config[k]!r})" for k, v in changed.items()),
                          always=True)
         relogs = any(k in VALUE_KEYS for k in changed)
         if any(k in SCHEDULE_KEYS for k in changed) and not eval_only:  # extending a run's schedule moves its rate
             rates = [get_lr(checkpoint["iter_num"], *(c[k] for k in SCHEDULE_KEYS[1:])) if c["decay_lr"]
-                     else c["learning_rate"] for c in ({**config, **checkpoint["config"]}, config)]
+                     else c["learning_rate"] for c in (run_config, config)]
             if not math.isclose(*rates, rel_tol=1e-3):
                 report.print(f"the learning rate at iter {checkpoint['iter_num']} is {rates[1]:.3g} by this command's "
                              f"schedule, where the run's gave {rates[0]:.3g}"
@@ -789,11 +792,10 @@ if __name__ == "__main__":
                 t_log += time.monotonic() - t_eval
                 if iters_since_log:
                     train_time += time.monotonic() - t_log
-                if iter_num == start_iter:  # the weights are the checkpoint's, or a new run's first
+                if iter_num == start_iter and saved:  # nothing trained since the checkpoint this session resumed
                     report.print(f"stopped by signal during the evaluation at iter {iter_num}, before any step of this "
-                                 "session: nothing to save" + ("; resume with --init_from=resume" if saved else ""),
-                                 always=True)
-                else:  # the resume evaluates again
+                                 "session: nothing to save; resume with --init_from=resume", always=True)
+                else:  # the resume evaluates again (a new run's first weights too: saved, so that it resumes)
                     stop_here(int(in_a_row.item()), f"during the evaluation at iter {iter_num} (dropped)")
                 stopped_by_signal = True
                 break

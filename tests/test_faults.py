@@ -110,7 +110,7 @@ def test_a_stop_during_an_evaluation_drops_it_saves_and_resumes_exactly(char_dat
     """A long evaluation (eval_iters 100,000 here; HellaSwag-sized ones take minutes) would outlast the grace a
     scheduler gives after its SIGTERM: the evaluation is dropped, the weights saved unevaluated, and the resume
     evaluates them again, as the unbroken run did."""
-    first = str(tmp_path / "first")  # a new run stopped in its first evaluation: nothing trained, nothing saved
+    first = str(tmp_path / "first")  # a new run stopped in its first evaluation
     proc = start(char_data, first, str(tmp_path), eval_iters=100_000)
     while not os.path.exists(os.path.join(first, "run.json")):
         assert proc.poll() is None, proc.communicate()
@@ -118,9 +118,22 @@ def test_a_stop_during_an_evaluation_drops_it_saves_and_resumes_exactly(char_dat
     time.sleep(1)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr  # its first weights saved unevaluated, so that a requeued job resumes
+    assert "stopped by signal during the evaluation at iter 0 (dropped); resume with --init_from=resume\n" in stdout
+    saved = torch.load(os.path.join(first, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert saved["iter_num"] == 0 and not saved["evaluated"]
+    # a session stopped in its first evaluation, before any step of its own, has nothing to save
+    proc = start(char_data, first, str(tmp_path), init_from="resume", eval_iters=100_000)
+    while not os.path.exists(os.path.join(first, "run.json")) or \
+            "earlier_sessions" not in open(os.path.join(first, "run.json")).read():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
-    assert ("stopped by signal during the evaluation at iter 0, before any step of this session: nothing to save\n"
-            in stdout) and not os.path.exists(os.path.join(first, "ckpt.pt"))
+    assert ("stopped by signal during the evaluation at iter 0, before any step of this session: nothing to save; "
+            "resume with --init_from=resume\n") in stdout
     out = str(tmp_path / "out")
     result = run_script("train.py", *args_for(char_data, out, max_iters=2), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -855,6 +868,16 @@ def test_a_resume_that_moves_the_schedule_says_how_the_learning_rate_jumps(char_
     same = run_script("train.py", *args_for(char_data, out, max_iters=12, lr_decay_iters=8, init_from="resume"),
                       cwd=str(tmp_path))  # max_iters alone moves no rate
     assert same.returncode == 0 and "the learning rate at iter" not in same.stdout, same.stderr
+    path = os.path.join(out, "ckpt.pt")  # a run from before lr_schedule and cooldown_frac: cosine, their defaults
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    del checkpoint["config"]["lr_schedule"], checkpoint["config"]["cooldown_frac"]
+    torch.save(checkpoint, path)
+    older = run_script("train.py", *args_for(char_data, out, max_iters=16, lr_decay_iters=8, lr_schedule="constant",
+                                             init_from="resume"), cwd=str(tmp_path))
+    assert older.returncode == 0, older.stderr
+    assert "lr_schedule='constant' (was 'cosine')" in older.stdout
+    assert "the learning rate at iter 12 is 0.003 by this command's schedule, where the run's gave 0.0003 (10x)\n" \
+        in older.stdout
 
 
 def test_resume_takes_the_shape_from_the_checkpoint_when_not_given(char_data, tmp_path):

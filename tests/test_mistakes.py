@@ -363,6 +363,9 @@ CASES = [
     Case("dataset name unknown", "train.py", [*TRAIN, "--dataset=no_such_dataset"],  # no data/no_such_dataset/prepare.py
          r"dataset 'no_such_dataset' not found: no folder no_such_dataset or .*data/no_such_dataset; prepare it first "
          r"\(python data/prepare.py --input YOUR_TEXT --out_dir data/no_such_dataset\)$"),
+    Case("dataset a run's folder", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--dataset={run}"],
+         r"dataset '.*run' is a training run's folder \(ckpt.pt, run.json\), not a dataset: give the dataset folder "
+         r"the run trained on \(its config.json names it\)$"),
     Case("dataset not prepared", "train.py", [*TRAIN, "--dataset={tmp}/fresh"],
          r"has no train.bin or meta.json in .*fresh: prepare it first \(python .*fresh/prepare.py\)",
          setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "fresh")),
