@@ -578,6 +578,8 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
         try:
             return work()
         except Exception as e:
+            if stopped and not building[0] and label not in built:  # the stop, whose StoppedBuilding a context it
+                raise StoppedBuilding from e  # unwound through replaced (torch's "pop from empty mode stack")
             if label == "A":
                 raise
             print(f"{label} failed, left out: {type(e).__name__}: {(str(e).strip() or '?').splitlines()[0][:300]}",
