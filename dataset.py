@@ -78,6 +78,11 @@ def staged_meta_pkl(out_dir: str, obj: dict | None):
             os.remove(path)
 
 
+def run_files_in(folder: str) -> list[str]:
+    """The files that make folder a training run's (ckpt.pt, run.json) rather than a dataset's."""
+    return [name for name in ("ckpt.pt", "run.json") if os.path.isfile(os.path.join(folder, name))]
+
+
 def token_file_split(name: str) -> str | None:
     """The split whose token file a prepare would name `name` ({split}.bin, or {split}_000.bin, ... when sharded);
     None for another name. train_backup.bin is no train file: its split would be train_backup."""
@@ -329,7 +334,7 @@ def load_dataset(dataset: str, block_size: int | None) -> dict:
         dtype, vocab_size, max_id, expected = np.dtype(np.uint16), None, None, None
         files = {split: [os.path.join(data_dir, f"{split}.bin")] for split in ("train", "val")}
         if not os.path.isfile(files["train"][0]):
-            run = [name for name in ("ckpt.pt", "run.json") if os.path.isfile(os.path.join(data_dir, name))]
+            run = run_files_in(data_dir)
             if run:
                 raise UserError(f"dataset '{dataset}' is a training run's folder ({', '.join(run)}), not a dataset: "
                                 "give the dataset folder the run trained on (its config.json names it)")

@@ -38,7 +38,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
 from common import NO_LOCKS, UserError, signals_deferred  # noqa: E402
-from dataset import read_meta, staged_meta_pkl, token_file_split, write_meta  # noqa: E402
+from dataset import read_meta, run_files_in, staged_meta_pkl, token_file_split, write_meta  # noqa: E402
 from tokenizer import EOT, encoding_from_bytes, gpt2_encoding, rank_file_bytes  # noqa: E402
 
 EXTENSIONS = (".txt", ".jsonl", ".parquet")
@@ -462,7 +462,7 @@ def run_cli(job, out_dir: str):
     handler then removes the .tmp files and a folder this prepare made, kills the workers and exits at once.
     While a finished dataset is put in place, the signal waits (dataset.write_meta)."""
     existed = os.path.lexists(out_dir)
-    run_files = [name for name in ("ckpt.pt", "run.json") if os.path.isfile(os.path.join(out_dir, name))]
+    run_files = run_files_in(out_dir)
     if run_files:
         sys.exit(f"error: --out_dir {out_dir} holds a training run ({', '.join(run_files)}): a dataset goes in a "
                  "folder of its own; choose another --out_dir")
