@@ -27,6 +27,7 @@ import glob
 import hashlib
 import json
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 import sys
@@ -482,7 +483,9 @@ def run_cli(job, out_dir: str):
             with contextlib.suppress(Exception):  # a folder gone meanwhile
                 abandon_held()
             say(signum)
-        finally:  # the workers last, then at once: the pool replaces a worker that dies within a tenth of a second
+        finally:  # the workers last, then at once
+            for pool in POOLS:
+                stop_replacing_workers(pool)
             for child in multiprocessing.active_children():
                 child.kill()
             os._exit(128 + signum)
@@ -507,6 +510,16 @@ def run_cli(job, out_dir: str):
                      f"dataset in {out_dir} is unchanged")
         sys.exit(f"error: cannot write the dataset to {out_dir} ({e.strerror or e}); the dataset that was there "
                  "is unchanged")
+
+
+def stop_replacing_workers(pool):
+    """End the thread by which a Pool starts a worker in place of one that died, as Pool.terminate does first (its
+    later steps can hang here, on a task half written to workers that are gone). Otherwise the workers the stop
+    killed were replaced at once, and this process's exit could come while a new one was being started: that one
+    then printed a traceback (EOFError) from reading its start-up data. Pool has no public call for this alone."""
+    pool._worker_handler._state = multiprocessing.pool.TERMINATE
+    pool._change_notifier.put(None)  # wakes it to see that
+    pool._worker_handler.join(timeout=1)  # a start under way ends first, so that the worker it starts is listed
 
 
 POOLS = []  # one entry per Pool running in this process (run_cli's handler: a stop then exits without unwinding)
