@@ -83,6 +83,16 @@ def run_files_in(folder: str) -> list[str]:
     return [name for name in ("ckpt.pt", "run.json") if os.path.isfile(os.path.join(folder, name))]
 
 
+def dataset_files_in(folder: str) -> list[str]:
+    """The files that make folder a dataset's (meta.json, and the token files a prepare writes: train.bin,
+    val_000.bin, ...; nanoGPT's layout has no meta.json), sorted; [] when there is no such folder."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted(name for name in names if name == "meta.json" or token_file_split(name) in ("train", "val"))
+
+
 def token_file_split(name: str) -> str | None:
     """The split whose token file a prepare would name `name` ({split}.bin, or {split}_000.bin, ... when sharded);
     None for another name. train_backup.bin is no train file: its split would be train_backup."""

@@ -36,8 +36,8 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, bett
 from common import (FolderLock, Outliving, UserError, autocast_context, check_compile_mode, check_device,
                     compile_problem, cpu_contention, excepthook, launcher_ranks, leave_distributed, local_processes,
                     on_rank0, peak_flops, plural, raise_held, resolve_dtype, setup_distributed)
-from dataset import (Prefetcher, check_block_size, data_change, eval_key, get_batch, load_dataset, model_vocab_size,
-                     read_batch, seed_from, token_files)
+from dataset import (Prefetcher, check_block_size, data_change, dataset_files_in, eval_key, get_batch, load_dataset,
+                     model_vocab_size, read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
 from hf import has_weights
@@ -396,10 +396,11 @@ if __name__ == "__main__":
                 raise UserError(f"out_dir {config['out_dir']} holds a transformers model (export.py's, say), whose "
                                 "config.json a run's would replace: choose another out_dir (a finetune of it keeps "
                                 "--init_from on that folder)")
-            if config["init_from"] != "resume" and any(os.path.isfile(os.path.join(config["out_dir"], name))
-                                                      for name in ("meta.json", "train.bin")):
-                raise UserError(f"out_dir {config['out_dir']} holds a dataset (meta.json or train.bin): a run's files "
-                                "go in a folder of their own; choose another out_dir")
+            data_files = dataset_files_in(config["out_dir"]) if config["init_from"] != "resume" else []
+            if data_files:
+                raise UserError(f"out_dir {config['out_dir']} holds a dataset ({', '.join(data_files[:3])}"
+                                f"{', ...' if len(data_files) > 3 else ''}): a run's files go in a folder of their own; "
+                                "choose another out_dir")
             os.makedirs(config["out_dir"], exist_ok=True)
             # taken before the checkpoint is read and held until this process ends: a second run here is refused
             lock = FolderLock(config["out_dir"])

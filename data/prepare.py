@@ -39,7 +39,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
 from common import NO_LOCKS, UserError, signals_deferred  # noqa: E402
-from dataset import read_meta, run_files_in, staged_meta_pkl, token_file_split, write_meta  # noqa: E402
+from dataset import dataset_files_in, read_meta, run_files_in, staged_meta_pkl, token_file_split, write_meta  # noqa: E402
 from tokenizer import EOT, encoding_from_bytes, gpt2_encoding, rank_file_bytes  # noqa: E402
 
 EXTENSIONS = (".txt", ".jsonl", ".parquet")
@@ -405,11 +405,8 @@ def held_dataset(out_dir: str) -> str | None:
     unasked: a run trained on it resumes only on the same tokens. A dataset is a meta.json or the token files a
     prepare writes (train.bin, val_000.bin, ...; nanoGPT's layout has no meta.json), which a prepare replaces;
     other files are not one."""
-    try:
-        names = os.listdir(out_dir)
-    except OSError:  # no folder yet (or a file there, which make_out_dir names)
-        return None
-    bins = sorted(n for n in names if token_file_split(n) in ("train", "val"))
+    names = dataset_files_in(out_dir)  # none when there is no folder yet (or a file there, which make_out_dir names)
+    bins = [name for name in names if name != "meta.json"]
     if "meta.json" in names:
         try:
             meta = read_meta(out_dir)

@@ -265,8 +265,12 @@ CASES = [
              ("x" + line[line.index(","):]) if i == 2 else line
              for i, line in enumerate(open(os.path.join(run, "metrics.csv")).readlines())))),
     Case("out_dir a dataset's folder", "train.py", [*TRAIN, "--out_dir={data}", "--overwrite=True"],
-         r"out_dir .*data holds a dataset \(meta.json or train.bin\): a run's files go in a folder of their own; "
+         r"out_dir .*data holds a dataset \(meta.json, train.bin, val.bin\): a run's files go in a folder of their own; "
          r"choose another out_dir$"),
+    Case("out_dir a sharded dataset's folder", "train.py", [*TRAIN, "--out_dir={tmp}/shards"],
+         r"out_dir .*shards holds a dataset \(train_000.bin\): a run's files go in a folder of their own",
+         setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "shards")),
+                                       write(os.path.join(tmp, "shards", "train_000.bin"), b""))),
     Case("out_dir not writable", "train.py", [*TRAIN, "--out_dir={tmp}/a_file/out"], r"out_dir .*a_file/out is not writable",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "a_file"), "not a folder")),
     Case("out_dir in use", "train.py", [*TRAIN, "--out_dir={live}", "--overwrite=True"],
