@@ -33,8 +33,10 @@ from common import UserError
 
 
 def config_keys(scope: dict) -> dict:
-    """The config settings among a module's globals: public names bound to int, float, bool or str."""
-    return {k: v for k, v in scope.items() if not k.startswith("_") and type(v) in (int, float, bool, str)}
+    """The config settings among a module's globals: public names bound to int, float, bool or str, but not
+    constants (upper case, such as one imported from common)."""
+    return {k: v for k, v in scope.items()
+            if not (k.startswith("_") or k.isupper()) and type(v) in (int, float, bool, str)}
 
 
 def _checked(key: str, value, defaults: dict, source: str, autos=()):
