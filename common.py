@@ -1,8 +1,10 @@
 """
 The ground floor that every script stands on: the user-error type and the scripts' error hook, device and
-dtype resolution, the autocast context, joining torchrun's process group, the compile check, peak FLOP/s by GPU, and the one durable atomic
-write that every file the project replaces whole goes through (metrics.csv and samples.txt are appended to). It imports nothing from the project, and torch only
-inside the device helpers: data preparation and its worker processes use this module without loading torch.
+dtype resolution, the autocast context, joining torchrun's process group and the ranks' agreement on a stop, the
+compile check, peak FLOP/s by GPU, and the one durable atomic write that every file the project replaces whole goes
+through (metrics.csv and samples.txt are appended to). It imports nothing from the project, and torch only inside
+the device and process-group helpers: data preparation and its worker processes use this module without loading
+torch.
 """
 import errno
 import importlib.util
@@ -229,6 +231,24 @@ def leave_distributed(world_size: int):
     dist.barrier()
     gc.collect()  # the dropped wrapper's reducer, if a reference cycle still holds it
     dist.destroy_process_group()
+
+
+STOP_CHECK_STEPS = 10  # under several processes: steps or evaluation batches between the small all-reduce that lets a signal to one rank stop all
+
+
+def stop_agreed(stop, n: int, world_size: int, device) -> bool:
+    """Whether a loop over evaluation batches (or items) stops before its pass n, as stop() asks: one process asks
+    every pass (a host bool: free to read); several ask every STOP_CHECK_STEPS passes and agree by an all-reduce,
+    so a signal to any one rank stops them all. A collective then: every rank must make as many passes."""
+    if world_size == 1:
+        return stop()
+    if n % STOP_CHECK_STEPS:
+        return False
+    import torch
+    import torch.distributed as dist
+    flag = torch.tensor(float(stop()), device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def on_rank0(fn, rank: int, world_size: int, share: bool = False):

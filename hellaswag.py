@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from common import UserError, atomic_write
+from common import UserError, atomic_write, stop_agreed
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 DEFAULT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hellaswag", "hellaswag_val.jsonl")
@@ -109,23 +109,31 @@ def ending_losses(model, tokens: torch.Tensor, mask: torch.Tensor, ctx) -> tuple
 
 @torch.no_grad()
 def score(model, examples: list[dict], encode, device: str, ctx, rank: int = 0, world_size: int = 1,
-          progress=None, progress_every: int = 1000) -> dict:
-    """acc and acc_norm of model on examples (checked with check_encodable first). Each rank scores every world_size-th item and the counts are
-    summed across ranks. progress(done, total, acc_norm) is called every progress_every items of this rank."""
+          progress=None, progress_every: int = 1000, stop=None) -> dict | None:
+    """acc and acc_norm of model on examples (checked with check_encodable first). Each rank scores every
+    world_size-th item and the counts are summed across ranks. progress(done, total, acc_norm) is called every
+    progress_every items of this rank. stop: a function asked between items (see stop_agreed): when it says so,
+    the scoring is dropped and None returned, on every rank."""
     was_training = model.training
     model.eval()
-    counts = torch.zeros(3, dtype=torch.long, device=device)  # items, right by summed loss, right by mean loss
-    for i in range(rank, len(examples), world_size):
-        tokens, mask = render(examples[i], encode, model.config.block_size)
-        summed, mean = ending_losses(model, tokens.to(device), mask.to(device), ctx)
-        label = examples[i]["label"]
-        counts += torch.stack([torch.tensor(1, device=device), summed.argmin() == label, mean.argmin() == label])
-        done = i // world_size + 1
-        if progress is not None and done % progress_every == 0:
-            n, _, right_norm = counts.tolist()
-            progress(done * world_size, len(examples), right_norm / n)
-    if world_size > 1:
-        dist.all_reduce(counts)
-    model.train(was_training)
-    n, right, right_norm = counts.tolist()
-    return {"items": n, "acc": right / n, "acc_norm": right_norm / n}
+    try:
+        counts = torch.zeros(3, dtype=torch.long, device=device)  # items, right by summed loss, right by mean loss
+        for n in range(-(-len(examples) // world_size)):  # as many on every rank, for the stop checks' all-reduces
+            if stop is not None and stop_agreed(stop, n, world_size, device):
+                return None
+            i = rank + n * world_size
+            if i >= len(examples):
+                continue
+            tokens, mask = render(examples[i], encode, model.config.block_size)
+            summed, mean = ending_losses(model, tokens.to(device), mask.to(device), ctx)
+            label = examples[i]["label"]
+            counts += torch.stack([torch.tensor(1, device=device), summed.argmin() == label, mean.argmin() == label])
+            if progress is not None and (n + 1) % progress_every == 0:
+                items, _, right_norm = counts.tolist()
+                progress((n + 1) * world_size, len(examples), right_norm / items)
+        if world_size > 1:
+            dist.all_reduce(counts)
+    finally:
+        model.train(was_training)
+    items, right, right_norm = counts.tolist()
+    return {"items": items, "acc": right / items, "acc_norm": right_norm / items}

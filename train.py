@@ -33,9 +33,10 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, bett
                         checkpoint_file, gather_rng_states, load_checkpoint, load_model_state, load_pretrained,
                         own_kept_step, publish_checkpoint, repair_published, restore_training_state,
                         save_checkpoint, take_optimizer_state, training_state)
-from common import (FolderLock, Outliving, UserError, autocast_context, check_compile_mode, check_device,
-                    compile_problem, cpu_contention, excepthook, launcher_ranks, leave_distributed, local_processes,
-                    on_rank0, peak_flops, plural, raise_held, resolve_dtype, setup_distributed)
+from common import (STOP_CHECK_STEPS, FolderLock, Outliving, UserError, autocast_context, check_compile_mode,
+                    check_device, compile_problem, cpu_contention, excepthook, launcher_ranks, leave_distributed,
+                    local_processes, on_rank0, peak_flops, plural, raise_held, resolve_dtype, setup_distributed,
+                    stop_agreed)
 from dataset import (Prefetcher, check_block_size, data_change, dataset_files_in, eval_key, get_batch, load_dataset,
                      model_vocab_size, read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8
@@ -252,9 +253,6 @@ class StopFlag:
 REPEAT_GRACE_S = 5  # a SIGTERM this soon after the first is the same one, forwarded
 
 
-STOP_CHECK_STEPS = 10  # under DDP: steps (or evaluation batches) between the small all-reduce that lets a signal to one rank stop all
-
-
 # ---------------------------------------------------------------------------------------------
 # learning rate schedule and evaluation
 
@@ -327,8 +325,8 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
                   splits=("train", "val"), stop=None) -> dict[str, float] | None:
     """Mean loss over eval_iters batches per split, batch_fn(split, k) giving batch k. Each rank evaluates
     its share of the k and the results are summed across ranks, so every rank returns the same numbers.
-    stop: a function asked between batches (every STOP_CHECK_STEPS under several processes, which agree on it by
-    a small all-reduce): when it says so, the evaluation is dropped and None returned, on every rank."""
+    stop: a function asked between batches (see stop_agreed): when it says so, the evaluation is dropped and None
+    returned, on every rank."""
     device = next(model.parameters()).device
     model.eval()
     try:
@@ -336,13 +334,8 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
         for split in splits:
             losses = torch.zeros(eval_iters, device=device)
             for n in range(-(-eval_iters // world_size)):  # as many on every rank, for the stop checks' all-reduces
-                if stop is not None and world_size == 1 and stop():  # a host bool: free to read
+                if stop is not None and stop_agreed(stop, n, world_size, device):
                     return None
-                if stop is not None and world_size > 1 and n % STOP_CHECK_STEPS == 0:
-                    flag = torch.tensor(float(stop()), device=device)
-                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # a signal to any one rank stops them all
-                    if flag.item():
-                        return None
                 k = rank + n * world_size
                 if k < eval_iters:
                     x, y = batch_fn(split, k)
@@ -789,6 +782,11 @@ if __name__ == "__main__":
         if (iter_num % eval_interval == 0 or iter_num >= max_iters) and not skip_first_eval:
             t_eval = time.monotonic()
             losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size, stop=lambda: stop.requested)
+            evals_done = -(-iter_num // eval_interval) + 1  # counting iter 0's; from the step, so a resume keeps the schedule
+            if losses is not None and hellaswag and evals_done % hellaswag_interval == 0:
+                # the uncompiled model, as items vary in length; a stop drops it and the losses with it
+                scored = score(raw_model, *hellaswag, device, ctx, rank, world_size, stop=lambda: stop.requested)
+                losses = None if scored is None else {**losses, "hellaswag": scored["acc_norm"]}
             if losses is None:  # a stop signal came during it: dropped (a long one would outlast a scheduler's grace)
                 t_log += time.monotonic() - t_eval
                 if iters_since_log:
@@ -804,9 +802,6 @@ if __name__ == "__main__":
             if improved:
                 best_val_loss, best_iter = losses["val"], iter_num
             last_losses, last_eval_iter = losses, iter_num
-            evals_done = -(-iter_num // eval_interval) + 1  # counting iter 0's; from the step, so a resume keeps the schedule
-            if hellaswag and evals_done % hellaswag_interval == 0:  # the uncompiled model: items vary in length
-                losses["hellaswag"] = score(raw_model, *hellaswag, device, ctx, rank, world_size)["acc_norm"]
             report.eval(iter_num, tokens_seen, losses)
             final = iter_num >= max_iters  # always saved, so a finished run is known as one and resumes as nothing
             finite = math.isfinite(losses["val"])

@@ -3,12 +3,16 @@ prediction is known: a unigram model, whose next-character distribution is the s
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 from common import UserError
-from conftest import read_metrics, run_script, tiny_args
+from conftest import ROOT, read_metrics, run_script, tiny_args
 from eval import RESULT_KEYS, check_out_file
 from hellaswag import ending_losses, read_examples, render, score
 from model import GPT, GPTConfig
@@ -74,6 +78,16 @@ def test_score_gives_the_hand_computed_accuracies():
     assert result == pytest.approx(hand_answer())
 
 
+def test_a_stop_drops_the_scoring_and_leaves_the_model_training():
+    """train.py scores HellaSwag inside its evaluation: a stop signal then drops it between items."""
+    encode, _ = codec({"chars": CHARS})
+    model, ctx = unigram_model().train(), torch.autocast("cpu", enabled=False)
+    asked = []  # a stop asked for before the third item
+    assert score(model, ITEMS, encode, "cpu", ctx, stop=lambda: asked.append(1) or len(asked) > 2) is None
+    assert len(asked) == 3 and model.training
+    assert score(model, ITEMS, encode, "cpu", ctx, stop=lambda: False) == pytest.approx(hand_answer())
+
+
 def test_rows_past_block_size_lose_context_from_the_left():
     encode, _ = codec({"chars": CHARS})
     item = {"ctx": "abcabcabcabc", "endings": ["a", "bb", "ccc", "a"], "label": 0}
@@ -137,7 +151,7 @@ def save_unigram_checkpoint(path: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("procs,limit", [(0, 0), (2, 0), (0, 3)])
+@pytest.mark.parametrize("procs,limit", [(0, 0), (2, 0), (0, 3), (2, 3)])  # 3 items: one rank scores one fewer
 def test_eval_py_scores_a_checkpoint_alone_and_over_two_ranks(tmp_path, procs, limit):
     data, ckpt, out = str(tmp_path / "h.jsonl"), str(tmp_path / "unigram.pt"), str(tmp_path / "result.json")
     write_jsonl(data, ITEMS)
@@ -201,6 +215,28 @@ def test_hellaswag_during_training_is_logged_and_matches_eval_py(char_data, tmp_
     with open(tmp_path / "e.json") as f:  # the checkpoint written at that eval, over the same 2 items
         assert json.load(f)["acc_norm"] == pytest.approx(scored[12])
     assert scored[12] in (0.0, 0.5, 1.0)  # 2 items, where 3 would give thirds
+
+
+@pytest.mark.slow
+def test_a_stop_signal_during_hellaswag_scoring_in_training_drops_the_evaluation(char_data, tmp_path):
+    """Scoring all 10,042 items takes minutes, past the grace a scheduler gives after its SIGTERM."""
+    data, out = str(tmp_path / "h.jsonl"), str(tmp_path / "out")
+    write_jsonl(data, SHAKESPEARE_ITEMS * 1000)  # minutes of scoring at iter 0 (some 20 ms an item here)
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *tiny_args(
+        char_data, out, max_iters=8, eval_interval=4, hellaswag_interval=1, hellaswag_file=data)], cwd=str(tmp_path),
+        env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    while not os.path.exists(os.path.join(out, "run.json")):  # written just before the first evaluation
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(2)  # its losses take milliseconds; the scoring goes on
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "stopped by signal during the evaluation at iter 0 (dropped); resume with --init_from=resume" in stdout
+    assert not os.path.exists(os.path.join(out, "metrics.csv"))  # neither the losses nor the score logged
+    saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert saved["iter_num"] == 0 and not saved["evaluated"]  # the resume scores it again
 
 
 def test_items_a_character_model_cannot_encode_stop_training_before_it_starts(char_data, tmp_path):
