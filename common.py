@@ -312,6 +312,18 @@ def compile_problem(device: str) -> str | None:
     return None
 
 
+def agreed_problem(problem: str | None, rank: int, world_size: int) -> str | None:
+    """The first rank's problem (compile_problem's, say), on every rank, so that all of them do alike what it
+    rules out: a node that cannot compile would otherwise train eager alone, and rank 0, which reports, would not
+    know. Another rank's problem names that rank. A collective when world_size > 1: all ranks call it."""
+    if world_size == 1:
+        return problem
+    import torch.distributed as dist
+    problems = [None] * world_size
+    dist.all_gather_object(problems, problem)
+    return next((p if r == rank else f"{p} (on rank {r})" for r, p in enumerate(problems) if p), None)
+
+
 def check_compile_mode(compile_mode: str, micro_steps: int, device_type: str):
     """torch.compile's 'reduce-overhead' and 'max-autotune' modes capture CUDA graphs on a GPU, whose outputs live
     in memory the next replay reuses, and a backward pass's outputs are the gradients: with several micro-steps per

@@ -33,10 +33,10 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, bett
                         checkpoint_file, gather_rng_states, load_checkpoint, load_model_state, load_pretrained,
                         own_kept_step, publish_checkpoint, repair_published, restore_training_state,
                         save_checkpoint, take_optimizer_state, training_state)
-from common import (STOP_CHECK_STEPS, FolderLock, Outliving, UserError, autocast_context, check_compile_mode,
-                    check_device, compile_problem, cpu_contention, excepthook, launcher_ranks, leave_distributed,
-                    local_processes, on_rank0, peak_flops, plural, raise_held, resolve_dtype, setup_distributed,
-                    stop_agreed)
+from common import (STOP_CHECK_STEPS, FolderLock, Outliving, UserError, agreed_problem, autocast_context,
+                    check_compile_mode, check_device, compile_problem, cpu_contention, excepthook, launcher_ranks,
+                    leave_distributed, local_processes, on_rank0, peak_flops, plural, raise_held, resolve_dtype,
+                    setup_distributed, stop_agreed)
 from dataset import (Prefetcher, check_block_size, data_change, dataset_files_in, eval_key, get_batch, load_dataset,
                      model_vocab_size, read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8
@@ -577,6 +577,7 @@ if __name__ == "__main__":
         check_encodable(*hellaswag)
     # before the plan, as a compiled loss holds less; a dry run skips the test compile (seconds) and plans as compiled
     problem = compile_problem(device) if compile and not dry_run else None
+    problem = agreed_problem(problem, rank, world_size)  # all ranks compiled, or none
     if problem:
         report.warn(f"compile=True but {problem}: training without torch.compile")
     compiled = compile and not problem

@@ -991,3 +991,23 @@ def test_whatever_stops_rank_0_in_its_own_check_stops_the_other_ranks_at_once(tm
         assert "Traceback" not in stderr[1]
         assert any(line.startswith("[rank1]: error: rank 0 stopped with FileNotFoundError: ")
                    for line in stderr[1].splitlines())
+
+
+RANKS_AGREE = TWO_RANKS + """
+from common import agreed_problem, leave_distributed
+print(agreed_problem("no C++ compiler on PATH" if rank == 1 else None, rank, 2))
+print(agreed_problem(None, rank, 2))
+leave_distributed(2)
+"""
+
+
+def test_a_problem_one_rank_meets_is_every_ranks(tmp_path):
+    """A node that cannot compile makes every rank train eager, and rank 0, which reports, names it."""
+    script = tmp_path / "ranks_agree.py"
+    script.write_text(RANKS_AGREE.format(root=ROOT, store=tmp_path / "store"))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=str(tmp_path)) for rank in (0, 1)]
+    outputs = [proc.communicate(timeout=100) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    assert [stdout for stdout, _ in outputs] == ["no C++ compiler on PATH (on rank 1)\nNone\n",
+                                                 "no C++ compiler on PATH\nNone\n"]
