@@ -92,22 +92,30 @@ def run_statements(body: list):
 
 class Namespace(dict):
     """A config file's namespace that records the names its statements assign as they run (a branch not taken
-    assigns nothing): exec stores a module's names through __setitem__ where the namespace is not a plain dict."""
+    assigns nothing), and those they read before assigning them (learning_rate = learning_rate * 2 builds on the
+    value before the file): exec stores and looks up a module's names through __setitem__ and __getitem__ where
+    the namespace is not a plain dict."""
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.assigned = set()
+        self.assigned, self.read_first = set(), set()
 
     def __setitem__(self, key, value):
         self.assigned.add(key)
         super().__setitem__(key, value)
 
+    def __getitem__(self, key):
+        if key not in self.assigned:
+            self.read_first.add(key)
+        return super().__getitem__(key)
+
 
 def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | None = None,
-               given: set | None = None) -> dict:
+               given: set | None = None, built_on: set | None = None) -> dict:
     """Run a config file with the current settings (config) in scope and return the settings it changed, typed
     as `defaults` (None: config itself); keys in `ignored` are accepted and dropped, keys in `autos` may be 'auto'.
-    given: a set to add the settings the file assigned to, whatever their value (see configure)."""
+    given: a set to add the settings the file assigned to, whatever their value (see configure). built_on: a set to
+    add the settings the file read before it assigned them (their earlier value went into its own)."""
     if os.path.isdir(path):
         run = f"; for the run in it, pass --out_dir={path}" if "out_dir" in config else ""
         raise UserError(f"'{path}' is a folder, not a config file: settings are given as --key=value{run}")
@@ -160,7 +168,8 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         or (key in imported and key not in config))}  # imports (from math import sqrt, pi), helpers and private
     known = defaults or config  # names are the file's own business
     unknown = [key for key in settings if key not in known]
-    if sum(not difflib.get_close_matches(key, known, n=1) for key in unknown) >= 3:
+    helpers = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    if sum(key not in helpers and not difflib.get_close_matches(key, known, n=1) for key in unknown) >= 3:
         # not typos (those get the closest key, below), but several names unlike any of this script's: a config file
         # of another script, such as train.py's given to sample.py, whose out_dir (if it names one) this one wants
         out_dir = scope.get("out_dir") if "out_dir" in scope.assigned and "out_dir" in config else None
@@ -168,13 +177,14 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         raise UserError(f"config file '{path}' sets {len(unknown)} settings this script does not have ("
                         f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): it reads as another script's "
                         f"config{hint}; see --help for this one's settings")
-    helpers = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     for key in unknown:  # one the file reads itself (n = 4; n_layer = n) is a helper, not a misspelt setting
         if key in helpers and not difflib.get_close_matches(key, known, n=1):
             raise UserError(f"unknown config key '{key}' in config file '{path}': a name the file only uses itself "
                             f"must start with _ (_{key}), as names that do are not settings")
     if given is not None:
         given |= scope.assigned & set(settings)
+    if built_on is not None:
+        built_on |= scope.read_first & scope.assigned & set(settings)
     return {key: _checked(key, value, defaults or config, f"config file '{path}'", autos)
             for key, value in settings.items() if key not in config or value is not config[key]}
 
@@ -199,8 +209,10 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
     flags, lost = {}, {}  # key: the flag that set it; and, of those, the ones a later config file set otherwise
     for arg in argv:
         if not arg.startswith("--"):
-            assigned = apply_file(arg, config, ignored, autos, defaults, given)
-            lost |= {k: (flags.pop(k), arg) for k, v in assigned.items() if k in flags and v != config[k]}
+            built_on = set()  # a flag that the file's own value builds on is not lost
+            assigned = apply_file(arg, config, ignored, autos, defaults, given, built_on)
+            lost |= {k: (flags.pop(k), arg) for k, v in assigned.items()
+                     if k in flags and v != config[k] and k not in built_on}
             config.update(assigned)
             continue
         key, sep, raw = arg[2:].partition("=")  # split on the first '=' only: --wandb_run_name=lr=3e-4

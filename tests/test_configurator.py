@@ -90,6 +90,12 @@ def test_a_flag_before_a_config_file_that_sets_it_again_is_warned_of(tmp_path, c
     assert capsys.readouterr().err == ""
     configure(DEFAULTS, ["--batch_size=8", str(path), str(path)])  # said once, of the flag the first file set over
     assert capsys.readouterr().err.count("warning") == 1
+    path.write_text("batch_size = batch_size * 2\n")  # built on the flag's value: the flag is not lost
+    assert configure(DEFAULTS, ["--batch_size=8", str(path)])["batch_size"] == 16
+    assert capsys.readouterr().err == ""
+    path.write_text("batch_size = 64\nbatch_size = batch_size * 2\n")  # its own value only: lost
+    assert configure(DEFAULTS, ["--batch_size=8", str(path)])["batch_size"] == 128
+    assert "sets batch_size over --batch_size=8" in capsys.readouterr().err
 
 
 def test_a_config_file_of_another_script_is_named_so_and_typos_still_get_the_closest_key(tmp_path):
@@ -208,6 +214,10 @@ def test_a_helper_name_in_a_config_file_is_told_to_start_with_an_underscore(tmp_
         configure(DEFAULTS, [str(path)])
     path.write_text("_n = 3\nbatch_size = _n\n")
     assert configure(DEFAULTS, [str(path)])["batch_size"] == 3
+    path.write_text("w = 64\nd = 0.1\nh = 'x'\nbatch_size = w\nlearning_rate = d\nout_dir = h\n")  # helpers, not another script's settings
+    with pytest.raises(UserError, match=r"^unknown config key 'w' in config file .*exp.py': a name the file only uses "
+                                        r"itself must start with _ \(_w\)"):
+        configure(DEFAULTS, [str(path)])
 
 
 def test_a_module_constant_is_not_a_setting(tmp_path):
