@@ -117,7 +117,7 @@ min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla 
 parallelism = "ddp"  # with several processes: 'ddp' (each holds the whole model and optimizer) or 'fsdp' (FSDP2: each holds 1/world_size of the weights, gradients and optimizer state; a block's weights are gathered as it runs) [parallelism in ('ddp', 'fsdp')]
 fsdp_reduce = "micro_step"  # with parallelism='fsdp' and several micro-steps per process, when gradients are reduce-scattered: 'micro_step' after every micro-step's backward, which then frees the gathered weights (the least memory: 1/world_size of the gradients, two blocks gathered; one more gather and reduce-scatter per micro-step), or 'step' on the last micro-step only, keeping every gradient whole (fp32) and every block gathered until then (one gather and one reduce-scatter per step, at DDP's gradient memory) [fsdp_reduce in ('micro_step', 'step')]
 backend = "auto"  # DDP backend: 'nccl' (CUDA only), 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'gloo') or (backend == 'nccl' and device.startswith('cuda'))]
-ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails [ddp_timeout > 0]
+ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails; at most 1e8 (three years), past which torch's timers overflow [0 < ddp_timeout <= 1e8]
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model: slower start, faster steps
