@@ -112,7 +112,7 @@ cooldown_frac = 0.2  # wsd: the fraction of lr_decay_iters spent cooling down to
 decay_lr = True  # False: learning_rate from the first step to the last, no warmup (nanoGPT's switch, kept for its config files)
 warmup_iters = 2000  # linear warmup steps [warmup_iters >= 0]
 lr_decay_iters = 600000  # steps until the schedule reaches min_lr; about max_iters per Chinchilla [lr_decay_iters >= 0]
-min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla [0 <= min_lr and (min_lr <= learning_rate or not decay_lr)]
+min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla [0 <= min_lr and (min_lr <= learning_rate or not decay_lr or lr_schedule == 'constant')]
 # ---- system
 parallelism = "ddp"  # with several processes: 'ddp' (each holds the whole model and optimizer) or 'fsdp' (FSDP2: each holds 1/world_size of the weights, gradients and optimizer state; a block's weights are gathered as it runs) [parallelism in ('ddp', 'fsdp')]
 fsdp_reduce = "micro_step"  # with parallelism='fsdp' and several micro-steps per process, when gradients are reduce-scattered: 'micro_step' after every micro-step's backward, which then frees the gathered weights (the least memory: 1/world_size of the gradients, two blocks gathered; one more gather and reduce-scatter per micro-step), or 'step' on the last micro-step only, keeping every gradient whole (fp32) and every block gathered until then (one gather and one reduce-scatter per step, at DDP's gradient memory) [fsdp_reduce in ('micro_step', 'step')]
@@ -289,29 +289,28 @@ def wsd_cooldown_start(warmup_iters: int, lr_decay_iters: int, cooldown_frac: fl
 def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, schedule: str,
                      cooldown_frac: float = 0.2) -> str | None:
     """What is odd about a schedule (get_lr's, with decay_lr) that the settings' rules allow: a warmup as long as
-    the run, which never reaches learning_rate (a quick run that kept GPT-2's 2000 steps of warmup), one as long
-    as the decay, which drops from learning_rate to min_lr in one step, or no decay at all (lr_decay_iters 0 or 1
+    the run, which never reaches learning_rate (a quick run that kept GPT-2's 2000 steps of warmup), one that
+    reaches lr_decay_iters or the step before, which falls from its peak to min_lr in one step, or no decay at all (lr_decay_iters 0 or 1
     without warmup: min_lr throughout), a wsd cooldown too short to have a step
     between the two, or a decay that the run stops less than half way down (a short run of a config's long
     schedule); None when none of these."""
     if warmup_iters >= max_iters and warmup_iters > 0:
         return (f"warmup_iters {warmup_iters} is not below max_iters {max_iters}: the learning rate never reaches "
                 "learning_rate in this run; lower warmup_iters")
-    if warmup_iters >= lr_decay_iters and warmup_iters > 0 and schedule != "constant":
-        return (f"warmup_iters {warmup_iters} is not below lr_decay_iters {lr_decay_iters}: the learning rate drops "
-                "from learning_rate to min_lr in one step after the warmup; raise lr_decay_iters (usually max_iters)")
+    if warmup_iters >= lr_decay_iters - 1 and warmup_iters > 0 and schedule != "constant":
+        return (f"warmup_iters {warmup_iters} leaves no step between the warmup and lr_decay_iters {lr_decay_iters}: "
+                "the learning rate falls from its peak to min_lr in one step; raise lr_decay_iters (usually max_iters)")
     if (lr_decay_iters == 0 or lr_decay_iters == 1 < max_iters) and schedule != "constant":  # and no warmup, or the
         # check above would have spoken (a one-step run with lr_decay_iters 1 takes its step at learning_rate)
         return (f"lr_decay_iters {lr_decay_iters} ends the decay at once: every step trains at min_lr"
                 + (" but the first" if lr_decay_iters else "") + ", never near learning_rate; set lr_decay_iters to "
                 "max_iters (or lr_schedule='constant' for learning_rate throughout)")
     start = wsd_cooldown_start(warmup_iters, lr_decay_iters, cooldown_frac)
-    if schedule in ("wsd", "wsd-sqrt") and lr_decay_iters - start < 2 and lr_decay_iters > 0:
-        squeezed = start == warmup_iters > 0  # the warmup ends where the cooldown would have begun
-        return (f"the cooldown, from {'the end of the warmup' if squeezed else f'cooldown_frac {cooldown_frac}'} to "
-                f"lr_decay_iters {lr_decay_iters}, is {lr_decay_iters - start} step(s): no step trains between "
-                "learning_rate and min_lr; " + ("lower warmup_iters" if squeezed else "raise cooldown_frac")
-                + " or raise lr_decay_iters")
+    if schedule in ("wsd", "wsd-sqrt") and lr_decay_iters - start < 2 and lr_decay_iters > 0:  # (a warmup that
+        # squeezes the cooldown so is named above)
+        return (f"the cooldown, from cooldown_frac {cooldown_frac} to lr_decay_iters {lr_decay_iters}, is "
+                f"{lr_decay_iters - start} step(s): no step trains between learning_rate and min_lr; raise "
+                "cooldown_frac or raise lr_decay_iters")
     left = get_lr(max_iters - 1, 1.0, warmup_iters, lr_decay_iters, 0.0, schedule, cooldown_frac)  # 1: learning_rate
     if schedule != "constant" and lr_decay_iters > max_iters and left > 0.5:
         return (f"lr_decay_iters {lr_decay_iters} is past max_iters {max_iters}: the run stops with its learning rate "
@@ -477,9 +476,11 @@ if __name__ == "__main__":
     report.print(f"world size {world_size}, device {device}, dtype {dtype}")
     odd_schedule = schedule_problem(warmup_iters, lr_decay_iters, max_iters, lr_schedule, cooldown_frac) \
         if decay_lr and not eval_only else None
-    if not decay_lr and "lr_schedule" in given and not eval_only:  # a fork of a finetune config that adds a schedule
-        odd_schedule = (f"lr_schedule={lr_schedule!r} is not used: decay_lr=False keeps learning_rate from the first "
-                        "step to the last, with no warmup (nanoGPT's meaning); drop decay_lr=False to use it")
+    unused = [k for k in SCHEDULE_KEYS[2:] if k in given] if not decay_lr and not eval_only else []
+    if unused:  # a fork of a finetune config (decay_lr = False) that adds a warmup or a schedule
+        odd_schedule = (f"{', '.join(f'{k}={config[k]!r}' for k in unused)} {'is' if len(unused) == 1 else 'are'} "
+                        "not used: decay_lr=False keeps learning_rate from the first step to the last, with no warmup "
+                        f"(nanoGPT's meaning); drop decay_lr=False to use {'it' if len(unused) == 1 else 'them'}")
     if odd_schedule:
         report.warn(odd_schedule)
     if device_type == "cpu" and master_process and hasattr(os, "getloadavg"):

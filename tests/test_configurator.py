@@ -253,7 +253,7 @@ def test_help_shows_each_rule_beside_its_setting():
     import train
     text = describe(train.__file__, train.config_defaults)
     line = next(line for line in text.splitlines() if line.lstrip().startswith("--min_lr="))
-    assert line.endswith("[0 <= min_lr and (min_lr <= learning_rate or not decay_lr)]")
+    assert line.endswith("[0 <= min_lr and (min_lr <= learning_rate or not decay_lr or lr_schedule == 'constant')]")
 
 
 def test_a_config_file_that_raises_names_its_line(tmp_path):

@@ -194,7 +194,10 @@ CASES = [
     Case("ddp_timeout past torch's timers", "train.py", [*TRAIN, "--ddp_timeout=100000000000000"],
          r"ddp_timeout=100000000000000 is not valid: ddp_timeout must satisfy 0 < ddp_timeout <= 1e8"),
     Case("min_lr<0", "train.py", [*TRAIN, "--min_lr=-1e-4"], r"min_lr=-0.0001 is not valid: .*0 <= min_lr"),
-    Case("min_lr>lr", "train.py", [*TRAIN, "--min_lr=0.5"], r"min_lr=0.5 is not valid: .*\(with learning_rate=0.001, decay_lr=True\)"),
+    Case("min_lr>lr", "train.py", [*TRAIN, "--min_lr=0.5"],
+         r"min_lr=0.5 is not valid: .*\(with learning_rate=0.001, lr_schedule='cosine', decay_lr=True\)"),
+    Case("min_lr>lr under a constant schedule, which never uses it", "train.py",
+         [*TRAIN, "--out_dir={tmp}/new", "--min_lr=0.5", "--lr_schedule=constant"], None),
     Case("weight_decay<0", "train.py", [*TRAIN, "--weight_decay=-0.1"], r"weight_decay=-0.1 is not valid"),
     Case("beta2=1.5", "train.py", [*TRAIN, "--beta2=1.5"], r"beta2=1.5 is not valid: .*0 <= beta2 < 1"),
     Case("nccl on a cpu", "train.py", [*TRAIN, "--backend=nccl"], r"backend='nccl' is not valid: .*\(with device='cpu'\)"),
@@ -334,7 +337,7 @@ CASES = [
          r"out_dir /proc/run is not writable \(.*\): choose another out_dir$"),  # even for root
     Case("resume whose flag breaks a rule with the run's own", "train.py", ["--out_dir={run}", "--init_from=resume",
                                                                              "--max_iters=8", "--learning_rate=1e-5"],
-         r"min_lr=0.0001 is not valid: .* \(with learning_rate=1e-05, decay_lr=True\); min_lr is the run's own \(a "
+         r"min_lr=0.0001 is not valid: .* \(with learning_rate=1e-05, lr_schedule='cosine', decay_lr=True\); min_lr is the run's own \(a "
          r"resume keeps each setting it is not given\): give --min_lr=... for another$"),
     Case("hellaswag_file not there", "train.py", [*TRAIN, "--out_dir={tmp}/new", "--hellaswag_interval=1",
                                                   "--hellaswag_file={tmp}/nope.jsonl"],

@@ -368,8 +368,8 @@ def test_a_schedule_that_decay_lr_false_leaves_unused_is_named(char_data, tmp_pa
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=3, eval_interval=3), "--decay_lr=False",
                         "--lr_schedule=wsd", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert "warning: lr_schedule='wsd' is not used: decay_lr=False keeps learning_rate from the first step to the " \
-           "last" in result.stderr
+    assert "warning: warmup_iters=5, lr_decay_iters=60, min_lr=0.0003, lr_schedule='wsd' are not used: " \
+           "decay_lr=False keeps learning_rate from the first step to the last" in result.stderr
     assert len({row["lr"] for row in read_metrics(out) if row["lr"]}) == 1  # as it says: one rate throughout
 
 

@@ -71,7 +71,12 @@ def test_a_warmup_as_long_as_the_run_or_the_decay_is_named():
     assert schedule_problem(2000, 200, 200, "cosine").startswith(  # a quick run that kept GPT-2's warmup
         "warmup_iters 2000 is not below max_iters 200: the learning rate never reaches learning_rate")
     assert schedule_problem(100, 100, 1000, "wsd").startswith(
-        "warmup_iters 100 is not below lr_decay_iters 100: the learning rate drops from learning_rate to min_lr")
+        "warmup_iters 100 leaves no step between the warmup and lr_decay_iters 100: the learning rate falls from its "
+        "peak to min_lr in one step")
+    # one step at learning_rate, the next at min_lr: the same fall
+    assert [get_lr(i, 1.0, 100, 101, 0.1) for i in (100, 101)] == [1.0, 0.1]
+    assert schedule_problem(100, 101, 1000, "cosine").startswith("warmup_iters 100 leaves no step between")
+    assert 0.1 < get_lr(101, 1.0, 100, 102, 0.1) < 1.0 and schedule_problem(100, 102, 1000, "cosine") is None
     assert schedule_problem(100, 50, 1000, "constant") is None  # a constant schedule never decays
 
 
@@ -82,9 +87,8 @@ def test_a_wsd_cooldown_with_no_step_between_the_rates_is_named():
                                                      "step(s): no step trains between learning_rate and min_lr; raise "
                                                      "cooldown_frac or raise lr_decay_iters")
     # a warmup that ends where the cooldown would have begun: cooldown_frac is not what to change
-    assert schedule_problem(99, 100, 100, "wsd", 1.0).endswith("from the end of the warmup to lr_decay_iters 100, is "
-                                                               "1 step(s): no step trains between learning_rate and "
-                                                               "min_lr; lower warmup_iters or raise lr_decay_iters")
+    assert schedule_problem(99, 100, 100, "wsd", 1.0).startswith("warmup_iters 99 leaves no step between the warmup "
+                                                                 "and lr_decay_iters 100")
     assert schedule_problem(0, 7, 7, "wsd-sqrt", 0.3) is None  # 2 steps: one of them below learning_rate
     assert get_lr(6, 1.0, 0, 7, 0.1, "wsd", 0.3) == pytest.approx(0.55)
     assert schedule_problem(0, 7, 7, "cosine", 0.2) is None
