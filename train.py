@@ -425,6 +425,14 @@ if __name__ == "__main__":
     globals().update(config)
 
     # ---- distributed setup
+    if held is not None:  # an error to tell the other processes (ranks is set): this one may lack the run's own
+        # settings, which it could not read, so it checks none of them, joins on the CPU where its device is not
+        # there, and raises the error with the others (else they would wait for it to join until ddp_timeout)
+        try:
+            check_device(device)
+        except UserError:
+            device, backend = "cpu", "auto"
+        raise_held(held, setup_distributed(ranks, device, backend, ddp_timeout)[2])
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
     if fp8:

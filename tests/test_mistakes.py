@@ -669,6 +669,14 @@ def test_a_resume_from_a_folder_that_is_not_there_makes_none(tmp_path):
                         cwd=str(tmp_path))
     assert result.returncode == 1 and result.stderr.startswith(f"error: no checkpoint at {tmp_path / 'typo'}")
     assert not (tmp_path / "typo").exists()
+    # under torchrun too: every rank says so (before, each went on to check the default device, cuda, which the
+    # run's own settings, unread, would have replaced, and said that instead; one rank of several nodes that did
+    # so left the others waiting to join until ddp_timeout)
+    result = run_script("train.py", "--init_from=resume", f"--out_dir={tmp_path / 'typo'}", cwd=str(tmp_path),
+                        torchrun_procs=2)
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert result.returncode != 0 and len(errors) == 2, result.stderr
+    assert all(f"error: no checkpoint at {tmp_path / 'typo'}" in line for line in errors), result.stderr
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
