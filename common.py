@@ -29,7 +29,8 @@ def excepthook(exc_type, exc, tb):
     """sys.excepthook for the scripts: a UserError is one line on stderr, with the traceback only when
     NANOGPT_TRACEBACK=1, as is a Ctrl-C before train.py's own handler takes over (StopFlag, once training
     starts), and a process's loss of a peer that stopped first (the peer's own error is the one to read); any
-    other exception is a bug and keeps its traceback. A gloo process group still alive is destroyed: left to
+    other exception is a bug and keeps its traceback, a collective's timeout then an error line that names
+    ddp_timeout. A gloo process group still alive is destroyed: left to
     the interpreter's exit, gloo's threads abort the process (SIGABRT) now and then, hiding the exit status."""
     lost = peer_lost(exc)
     if os.environ.get("NANOGPT_TRACEBACK") == "1":
@@ -44,6 +45,10 @@ def excepthook(exc_type, exc, tb):
         to_devnull(sys.stdout)  # quietly
     else:
         traceback.print_exception(exc_type, exc, tb)
+        waited = collective_timeout(exc)
+        if waited:  # after the traceback, which says where this process waited
+            print(f"error: this process waited {waited} for another of this run, past ddp_timeout: that one is slow "
+                  "(rank 0 saving a large checkpoint, say) or hung; if slow, raise --ddp_timeout", file=sys.stderr)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
         dist.destroy_process_group()
@@ -103,6 +108,12 @@ def peer_lost(exc: BaseException) -> str | None:
     found = isinstance(exc, RuntimeError) and re.search(r"gloo/transport/tcp/\w+\.cc:\d+\] (.*?)(\. |\.?$)", str(exc))
     lost = found and re.search(r"Connection (closed|reset) by peer|Broken pipe", found.group(1))
     return found.group(1) if lost else None
+
+
+def collective_timeout(exc: BaseException) -> str | None:
+    """How long a collective or the join waited ('30 s'), when exc is torch.distributed's timeout, else None."""
+    found = isinstance(exc, RuntimeError) and re.search(r"[Tt]imed out (?:waiting |after )(\d+) ?ms", str(exc))
+    return f"{int(found.group(1)) / 1000:g} s" if found else None
 
 
 # ---- devices and precision

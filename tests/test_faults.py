@@ -969,6 +969,25 @@ def test_only_a_closed_or_reset_connection_is_a_lost_peer_not_a_timeout():
     assert peer_lost(RuntimeError("Connection closed by peer")) is None  # not gloo's: not a collective's
 
 
+def test_a_collectives_timeout_keeps_its_traceback_and_ends_with_a_line_naming_ddp_timeout(capsys):
+    from common import excepthook
+    gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1000ms "
+            "for recv operation to complete")
+    try:
+        raise RuntimeError(gloo)
+    except RuntimeError as e:
+        excepthook(RuntimeError, e, e.__traceback__)
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and err.splitlines()[-1] == (
+        "error: this process waited 1 s for another of this run, past ddp_timeout: that one is slow (rank 0 saving a "
+        "large checkpoint, say) or hung; if slow, raise --ddp_timeout")
+    try:
+        raise RuntimeError("a bug")
+    except RuntimeError as e:
+        excepthook(RuntimeError, e, e.__traceback__)
+    assert "error:" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kind", ["user", "other"])
 def test_whatever_stops_rank_0_in_its_own_check_stops_the_other_ranks_at_once(tmp_path, kind):
     """Two processes without torchrun, whose agent would kill the survivor: rank 1 must stop by itself with the
