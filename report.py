@@ -96,6 +96,18 @@ def progress_line(it: int, max_iters: int, loss: float, lr: float, tokens_per_se
             + (format_duration(eta) if eta is not None else "not known yet"))
 
 
+def launch_command(argv: list[str], env) -> list[str]:
+    """The command that started this run: python and argv, or under torchrun (its variables in env) torchrun's
+    command on rank 0's node, with the node and process counts it ran with (and its rendezvous, across nodes)."""
+    if "LOCAL_WORLD_SIZE" not in env:
+        return [os.path.basename(sys.executable), *argv]
+    per_node, nodes = int(env["LOCAL_WORLD_SIZE"]), int(env["WORLD_SIZE"]) // int(env["LOCAL_WORLD_SIZE"])
+    where = ["--standalone"] if nodes == 1 else [f"--nnodes={nodes}", "--node_rank=0",
+                                                 f"--master_addr={env.get('MASTER_ADDR')}",
+                                                 f"--master_port={env.get('MASTER_PORT')}"]
+    return ["torchrun", *where, f"--nproc_per_node={per_node}", *argv]
+
+
 def run_info(config: dict, argv: list[str]) -> dict:
     """What reproduces a run besides its config: the command, the code version and the library versions."""
     import torch
@@ -107,7 +119,7 @@ def run_info(config: dict, argv: list[str]) -> dict:
                                     timeout=10).stdout.strip()) if commit else None
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
-    return {"command": shlex.join([os.path.basename(sys.executable)] + argv), "git_commit": commit,
+    return {"command": shlex.join(launch_command(argv, os.environ)), "git_commit": commit,
             "git_dirty": dirty, "torch": torch.__version__, "python": sys.version.split()[0],
             "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
 

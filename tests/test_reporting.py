@@ -302,6 +302,19 @@ def test_run_info_and_summary_files(char_data, tmp_path):
     assert re.search(r"^iter 1/8 .* ETA not known yet$", result.stdout, re.M)
 
 
+def test_run_json_records_torchruns_command_under_torchrun():
+    """Pasted back, the command of a 2-process run starts 2 processes, not one."""
+    from report import launch_command
+    argv = ["train.py", "--batch_size=4"]
+    assert launch_command(argv, {})[1:] == argv
+    assert launch_command(argv, {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}) == \
+        ["torchrun", "--standalone", "--nproc_per_node=2", *argv]
+    assert launch_command(argv, {"LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "16", "MASTER_ADDR": "node0",
+                                 "MASTER_PORT": "29500"}) == \
+        ["torchrun", "--nnodes=2", "--node_rank=0", "--master_addr=node0", "--master_port=29500",
+         "--nproc_per_node=8", *argv]
+
+
 @pytest.mark.slow
 def test_a_resume_keeps_the_sessions_before_it_in_run_json_and_summary_json_is_the_last_finished_session_s(
         char_data, tmp_path):
