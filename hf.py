@@ -248,7 +248,7 @@ def load(name: str, dropout: float = 0.0) -> GPT:
         if cls is None:
             raise UserError(f"{name} holds a transformers {kind!r} model: only GPT-2 and LLaMA models load")
         with no_progress_bars():
-            hf_model = cls.from_pretrained(name)
+            hf_model, info = cls.from_pretrained(name, output_loading_info=True)
     except UserError:
         raise
     except Exception as e:  # a damaged file in the folder (an OSError too, from transformers), or no network
@@ -259,6 +259,14 @@ def load(name: str, dropout: float = 0.0) -> GPT:
         # safetensors', json's and torch's errors share no base
         raise UserError(f"could not read the model in {name} ({e.__class__.__name__}: {str(e)[:200]}): the folder is "
                         "damaged; write it again (export.py, or save_pretrained)") from e
+    # transformers fills a weight the files lack with random values and drops one its config has no place for
+    missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    if missing or unexpected:
+        listed = "; ".join(f"{kind} {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''} ({len(keys)} in all)"
+                           for kind, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
+        raise UserError(f"the weights in {name} do not fit its config.json ({listed}): copy the whole folder that "
+                        "export.py or save_pretrained wrote (a base model saved without its language-model head "
+                        "does not load)")
     return from_transformers(hf_model, dropout)
 
 

@@ -292,6 +292,20 @@ def test_a_folder_with_damaged_weights_or_config_is_a_one_line_error(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match=r"config.json describes no model that model.py builds \(rope_theta 0.0 is not"):
         hf.load(folder)
+    export(random_model(**LLAMA_SHAPE), None, folder, "float32", True)
+    transformers.LlamaForCausalLM.from_pretrained(folder).model.save_pretrained(folder)  # the base model: no head
+    with pytest.raises(UserError, match=r"the weights in .*hf do not fit its config.json \(missing lm_head.weight \(1 "
+                                        r"in all\)\): copy the whole folder"):
+        hf.load(folder)  # before, the head was random: samples of noise, and eval.py scored them
+    export(random_model(), None, folder, "float32", True)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "n_layer": 3}))  # a layer the files lack
+    with pytest.raises(UserError, match=r"do not fit its config.json \(missing transformer.h.2.attn.c_attn.bias, .* "
+                                        r"\(12 in all\)\)"):
+        hf.load(folder)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "n_layer": 1}))  # and one with no place
+    with pytest.raises(UserError, match=r"do not fit its config.json \(unexpected transformer.h.1.attn.c_attn.weight"):
+        hf.load(folder)
     export(random_model(), {"tokenizer": "char", "chars": "abcdefghij"}, folder, "float32", True)
     hf.write_tokenizer({"tokenizer": "char", "chars": "".join(map(chr, range(200, 300)))}, 100, folder)  # not its own
     with pytest.raises(UserError, match=r"holds a tokenizer of 100 tokens for a model of vocab_size 97: they are not "
