@@ -320,9 +320,12 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
     source = ckpt_path if init_from == "resume" else init_from
     model, vocab, _ = load_pretrained(source, 0.0)
     if vocab is None and model.config.vocab_size < 50257:
-        where = ("its tokenizer.json is missing: export it again with export.py" if os.path.isdir(source) else
+        where = ("its tokenizer.json is missing (export.py writes one)" if os.path.isdir(source) else
                  "its dataset folder (with meta.pkl) is not here: put that folder in data/")
         raise UserError(f"{source} holds a model of {model.config.vocab_size} tokens but not its characters, and {where}")
+    if vocab is None and model.config.vocab_size > 50304 and os.path.isdir(source):  # 50304: GPT-2's, padded
+        raise UserError(f"{source} holds a model of {model.config.vocab_size:,} tokens and no tokenizer files, so not "
+                        "GPT-2's: this project's sampling and evaluation encode only GPT-2's BPE or characters")
     return model, vocab
 
 

@@ -270,14 +270,30 @@ def load(name: str, dropout: float = 0.0) -> GPT:
     return from_transformers(hf_model, dropout)
 
 
+def vocabulary_without_tokenizer_json(folder: str) -> dict | None:
+    """A folder's vocabulary from the files of a tokenizer saved without tokenizer.json: GPT-2's from a vocab.json
+    that is GPT-2's; None when there are no tokenizer files (a model saved alone, as GPT-2 is in the offline
+    route); another tokenizer's files (sentencepiece's, say) are a UserError."""
+    found = [n for n in ("tokenizer.model", "spiece.model", "vocab.json", "merges.txt")
+             if os.path.isfile(os.path.join(folder, n))]
+    if not found:
+        return None
+    ids = read_json(os.path.join(folder, "vocab.json"), "write the folder again") or {}
+    if isinstance(ids, dict) and len(ids) == 50257 and ids.get("\u0120the") == 262:
+        return {"tokenizer": "gpt2", "chars": None}
+    raise UserError(f"{folder} holds a tokenizer ({', '.join(found)}) that is neither GPT-2's BPE nor one token per "
+                    "character: this project's data, sampling and evaluation encode only those two")
+
+
 def read_vocabulary(folder: str) -> dict | None:
     """The vocabulary (as checkpoints keep it) of the tokenizer.json in a transformers folder: a character table
-    as write_tokenizer writes one, {'tokenizer': 'gpt2'} for GPT-2's BPE, None when the folder has no
-    tokenizer.json. Any other tokenizer is a UserError: the project's data and sampling encode only these two."""
+    as write_tokenizer writes one, {'tokenizer': 'gpt2'} for GPT-2's BPE, None when the folder has no tokenizer
+    files (see vocabulary_without_tokenizer_json). Any other tokenizer is a UserError: the project's data and
+    sampling encode only these two."""
     path = os.path.join(folder, "tokenizer.json")
     saved = read_json(path, "write the folder again (export.py)")
     if saved is None:
-        return None
+        return vocabulary_without_tokenizer_json(folder)
     try:
         model = saved["model"]
         ids = {**model["vocab"], **{t["content"]: t["id"] for t in saved.get("added_tokens", [])}}

@@ -258,6 +258,31 @@ def test_a_folder_whose_tokenizer_is_neither_gpt2_nor_characters_is_refused(tmp_
         hf.read_vocabulary(str(tmp_path))
 
 
+def test_a_folder_without_tokenizer_json_reads_only_gpt2s_vocab_json_or_no_tokenizer_files(tmp_path, monkeypatch):
+    """Before, a folder without tokenizer.json was taken for GPT-2's BPE whatever it held: sentencepiece's
+    tokenizer.model, or a vocabulary of 64,000 tokens, sampled and exported as GPT-2's."""
+    (tmp_path / "tokenizer.model").write_bytes(b"\n\x0esentencepiece")
+    with pytest.raises(UserError, match=r"holds a tokenizer \(tokenizer.model\) that is neither GPT-2's BPE nor one "
+                                        r"token per character"):
+        hf.read_vocabulary(str(tmp_path))
+    monkeypatch.setenv("NANOGPT_GPT2_TIKTOKEN", gpt2_rank_file())
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    hf.write_tokenizer(None, 50304, str(gpt2))
+    saved = json.loads((gpt2 / "tokenizer.json").read_text())
+    ids = {**saved["model"]["vocab"], **{t["content"]: t["id"] for t in saved["added_tokens"] if t["id"] < 50257}}
+    (gpt2 / "vocab.json").write_text(json.dumps(ids))  # the slow tokenizer's files, as GPT2Tokenizer saves them
+    (gpt2 / "merges.txt").write_text("#version: 0.2\n")
+    (gpt2 / "tokenizer.json").unlink()
+    assert hf.read_vocabulary(str(gpt2)) == {"tokenizer": "gpt2", "chars": None}
+    big = tmp_path / "big"  # no tokenizer files at all, and a vocabulary that is not GPT-2's
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64000, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-5)).save_pretrained(str(big))
+    with pytest.raises(UserError, match=r"holds a model of 64,000 tokens and no tokenizer files, so not GPT-2's"):
+        load_trained(str(big), "")
+
+
 @pytest.mark.parametrize("setting", [dict(scale_attn_by_inverse_layer_idx=True), dict(scale_attn_weights=False)])
 def test_a_transformers_gpt2_that_scales_its_attention_otherwise_is_refused(tmp_path, setting):
     transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=11, n_positions=8,
