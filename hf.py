@@ -234,7 +234,8 @@ def load(name: str, dropout: float = 0.0) -> GPT:
         saved = sorted(f for f in os.listdir(name) if f.endswith(".pt"))  # best.pt, kept ckpt_<iter>.pt
         raise UserError(f"{name} is a training run's folder with no ckpt.pt, not a transformers model: "
                         + (f"pass --init_from={os.path.join(name, saved[-1])} (it keeps {', '.join(saved)})" if saved
-                           else "its run stopped before its first save, so there are no weights to start from"))
+                           else "its run has not saved yet (or stopped before its first save), so there are no weights "
+                                "to start from"))
     if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         raise UserError(f"{name} is a folder without config.json, so not a transformers model: give a folder written "
                         "by export.py or save_pretrained")

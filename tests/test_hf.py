@@ -182,7 +182,7 @@ def test_a_run_folder_given_as_a_transformers_folder_points_to_its_checkpoint(tm
     (tmp_path / "config.json").write_text("{}")  # a run's folder has a config.json too: the run's settings
     (tmp_path / "run.json").write_text("{}")  # killed before its first save: nothing to start from
     with pytest.raises(UserError, match=rf"{tmp_path} is a training run's folder with no ckpt.pt, not "
-                                        "a transformers model: its run stopped before its first save"):
+                                        r"a transformers model: its run has not saved yet \(or stopped before its first save\)"):
         hf.load(str(tmp_path))
     for kept in ("best.pt", "ckpt_0000100.pt"):  # ckpt.pt moved away, to go back to a kept step
         (tmp_path / kept).write_bytes(b"weights")
