@@ -9,6 +9,7 @@ is already Hugging Face's (rotate-half), so no weight is permuted.
 """
 import dataclasses
 import os
+import re
 from contextlib import contextmanager
 
 import torch
@@ -261,7 +262,9 @@ def load(name: str, dropout: float = 0.0) -> GPT:
         raise UserError(f"could not read the model in {name} ({e.__class__.__name__}: {str(e)[:200]}): the folder is "
                         "damaged; write it again (export.py, or save_pretrained)") from e
     # transformers fills a weight the files lack with random values and drops one its config has no place for
-    missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    missing = sorted(info.get("missing_keys") or ())
+    # GPT-2 folders of older transformers keep the causal mask's buffers, which transformers 5 names as unexpected
+    unexpected = sorted(k for k in info.get("unexpected_keys") or () if not re.search(r"\.attn\.(masked_)?bias$", k))
     if missing or unexpected:
         listed = "; ".join(f"{kind} {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''} ({len(keys)} in all)"
                            for kind, keys in (("missing", missing), ("unexpected", unexpected)) if keys)

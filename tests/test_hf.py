@@ -328,6 +328,12 @@ def test_a_folder_with_damaged_weights_or_config_is_a_one_line_error(tmp_path):
     with pytest.raises(UserError, match=r"do not fit its config.json \(missing transformer.h.2.attn.c_attn.bias, .* "
                                         r"\(12 in all\)\)"):
         hf.load(folder)
+    from safetensors.torch import load_file, save_file
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))  # as older transformers saved GPT-2: its mask
+    save_file({**weights, "transformer.h.0.attn.masked_bias": torch.tensor(-1e4)},  # buffers, which are no weights
+              str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    assert hf.load(folder).config.n_layer == 2
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "n_layer": 1}))  # and one with no place
     with pytest.raises(UserError, match=r"do not fit its config.json \(unexpected transformer.h.1.attn.c_attn.weight"):
         hf.load(folder)
