@@ -246,6 +246,9 @@ def load_pretrained(init_from: str, dropout: float) -> tuple[GPT, dict | None, d
         fix = "write the folder again (export.py)" if os.path.isdir(init_from) else "the checkpoint is damaged"
         raise UserError(f"{init_from} holds a tokenizer of {tokens:,} tokens for a model of vocab_size "
                         f"{model.config.vocab_size:,}: they are not one model's; {fix}")
+    if vocab is None and model.config.vocab_size > 50304 and os.path.isdir(init_from):  # 50304: GPT-2's, padded
+        raise UserError(f"{init_from} holds a model of {model.config.vocab_size:,} tokens and no tokenizer files, so "
+                        "not GPT-2's: this project's data, sampling and evaluation encode only GPT-2's BPE or characters")
     bad = nonfinite_tensors(model.state_dict())
     if bad:  # training from them could never save, and sampling, evaluating or exporting them gives nothing
         raise UserError(f"{init_from} holds weights that are not finite ({plural(len(bad), 'tensor')}, e.g. {bad[0]}): "
@@ -323,9 +326,6 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
         where = ("its tokenizer.json is missing (export.py writes one)" if os.path.isdir(source) else
                  "its dataset folder (with meta.pkl) is not here: put that folder in data/")
         raise UserError(f"{source} holds a model of {model.config.vocab_size} tokens but not its characters, and {where}")
-    if vocab is None and model.config.vocab_size > 50304 and os.path.isdir(source):  # 50304: GPT-2's, padded
-        raise UserError(f"{source} holds a model of {model.config.vocab_size:,} tokens and no tokenizer files, so not "
-                        "GPT-2's: this project's sampling and evaluation encode only GPT-2's BPE or characters")
     return model, vocab
 
 

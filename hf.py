@@ -274,6 +274,11 @@ def load(name: str, dropout: float = 0.0) -> GPT:
     return from_transformers(hf_model, dropout)
 
 
+def is_gpt2_vocab(ids: dict) -> bool:
+    """Whether a token -> id table (a tokenizer.json's, or vocab.json) is GPT-2's."""
+    return len(ids) == 50257 and ids.get("<|endoftext|>") == 50256 and ids.get("\u0120the") == 262  # Ġthe: " the"
+
+
 def vocabulary_without_tokenizer_json(folder: str) -> dict | None:
     """A folder's vocabulary from the files of a tokenizer saved without tokenizer.json: GPT-2's from a vocab.json
     that is GPT-2's; None when there are no tokenizer files (a model saved alone, as GPT-2 is in the offline
@@ -283,7 +288,7 @@ def vocabulary_without_tokenizer_json(folder: str) -> dict | None:
     if not found:
         return None
     ids = read_json(os.path.join(folder, "vocab.json"), "write the folder again") or {}
-    if isinstance(ids, dict) and len(ids) == 50257 and ids.get("\u0120the") == 262:
+    if isinstance(ids, dict) and is_gpt2_vocab(ids):
         return {"tokenizer": "gpt2", "chars": None}
     raise UserError(f"{folder} holds a tokenizer ({', '.join(found)}) that is neither GPT-2's BPE nor one token per "
                     "character: this project's data, sampling and evaluation encode only those two")
@@ -309,7 +314,7 @@ def read_vocabulary(folder: str) -> dict | None:
     if model.get("type") == "BPE" and not model.get("merges") and all(len(c) == 1 for c in chars) \
             and [chars[c] for c in in_order] == list(range(len(chars))):
         return {"tokenizer": "char", "chars": "".join(in_order)}
-    if len(ids) == 50257 and ids.get("<|endoftext|>") == 50256 and ids.get("\u0120the") == 262:  # Ġthe: " the"
+    if is_gpt2_vocab(ids):
         return {"tokenizer": "gpt2", "chars": None}
     raise UserError(f"{path} is a tokenizer of {len(ids):,} tokens that is neither GPT-2's BPE nor one token per "
                     "character: this project's data, sampling and evaluation encode only those two")

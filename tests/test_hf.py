@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint import load_trained
+from checkpoint import load_pretrained, load_trained
 from common import UserError
 from conftest import favour_padding, gpt2_rank_file, read_metrics, run_script, tiny_args
 
@@ -279,8 +279,9 @@ def test_a_folder_without_tokenizer_json_reads_only_gpt2s_vocab_json_or_no_token
     transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=64000, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-5)).save_pretrained(str(big))
-    with pytest.raises(UserError, match=r"holds a model of 64,000 tokens and no tokenizer files, so not GPT-2's"):
-        load_trained(str(big), "")
+    for load in (lambda: load_trained(str(big), ""), lambda: load_pretrained(str(big), 0.0)):  # sample, train
+        with pytest.raises(UserError, match=r"holds a model of 64,000 tokens and no tokenizer files, so not GPT-2's"):
+            load()
 
 
 @pytest.mark.parametrize("setting", [dict(scale_attn_by_inverse_layer_idx=True), dict(scale_attn_weights=False)])
