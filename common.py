@@ -111,9 +111,11 @@ def peer_lost(exc: BaseException) -> str | None:
 
 
 def collective_timeout(exc: BaseException) -> str | None:
-    """How long a collective or the join waited ('30 s'), when exc is torch.distributed's timeout, else None."""
-    found = isinstance(exc, RuntimeError) and re.search(r"[Tt]imed out (?:waiting |after )(\d+) ?ms", str(exc))
-    return f"{int(found.group(1)) / 1000:g} s" if found else None
+    """How long a collective or the join waited ('30 s'), when exc is torch.distributed's timeout (gloo's, or the
+    store's while the processes join), else None. NCCL's watchdog ends the process itself, with its own message."""
+    found = isinstance(exc, RuntimeError) and re.search(
+        r"(?:[Tt]imed out (?:waiting |after )|wait timeout after )(\d+) ?(ms|seconds)", str(exc))
+    return f"{int(found.group(1)) / (1000 if found.group(2) == 'ms' else 1):g} s" if found else None
 
 
 # ---- devices and precision

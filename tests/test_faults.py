@@ -981,6 +981,9 @@ def test_a_collectives_timeout_keeps_its_traceback_and_ends_with_a_line_naming_d
     assert err.startswith("Traceback") and err.splitlines()[-1] == (
         "error: this process waited 1 s for another of this run, past ddp_timeout: that one is slow (rank 0 saving a "
         "large checkpoint, say) or hung; if slow, raise --ddp_timeout")
+    from common import collective_timeout
+    assert collective_timeout(RuntimeError("wait timeout after 2000ms, keys: /default_pg/0//cpu//0")) == "2 s"
+    assert collective_timeout(RuntimeError("Timed out after 3 seconds waiting for clients. 1/2 clients joined.")) == "3 s"
     try:
         raise RuntimeError("a bug")
     except RuntimeError as e:
