@@ -99,7 +99,7 @@ def progress_line(it: int, max_iters: int, loss: float, lr: float, tokens_per_se
 def launch_command(argv: list[str], env) -> list[str]:
     """The command that started this run: python and argv, or under torchrun (its variables in env) torchrun's
     command on rank 0's node, with the node and process counts it ran with (and its rendezvous, across nodes)."""
-    if "LOCAL_WORLD_SIZE" not in env:
+    if "LOCAL_WORLD_SIZE" not in env or "WORLD_SIZE" not in env:  # (LOCAL_WORLD_SIZE alone: set by hand)
         return [os.path.basename(sys.executable), *argv]
     per_node, nodes = int(env["LOCAL_WORLD_SIZE"]), int(env["WORLD_SIZE"]) // int(env["LOCAL_WORLD_SIZE"])
     where = ["--standalone"] if nodes == 1 else [f"--nnodes={nodes}", "--node_rank=0",

@@ -306,7 +306,7 @@ def test_run_json_records_torchruns_command_under_torchrun():
     """Pasted back, the command of a 2-process run starts 2 processes, not one."""
     from report import launch_command
     argv = ["train.py", "--batch_size=4"]
-    assert launch_command(argv, {})[1:] == argv
+    assert launch_command(argv, {})[1:] == argv == launch_command(argv, {"LOCAL_WORLD_SIZE": "2"})[1:]  # not torchrun
     assert launch_command(argv, {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}) == \
         ["torchrun", "--standalone", "--nproc_per_node=2", *argv]
     assert launch_command(argv, {"LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "16", "MASTER_ADDR": "node0",
