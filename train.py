@@ -290,14 +290,14 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
                      cooldown_frac: float = 0.2) -> str | None:
     """What is odd about a schedule (get_lr's, with decay_lr) that the settings' rules allow: a warmup as long as
     the run, which never reaches learning_rate (a quick run that kept GPT-2's 2000 steps of warmup), one that
-    reaches lr_decay_iters or the step before, which falls from its peak to min_lr in one step, or no decay at all (lr_decay_iters 0 or 1
-    without warmup: min_lr throughout), a wsd cooldown too short to have a step
-    between the two, or a decay that the run stops less than half way down (a short run of a config's long
+    reaches lr_decay_iters or the step before, which falls from its peak to min_lr in one step (within the run),
+    no decay at all (lr_decay_iters 0 or 1 without warmup: min_lr throughout), a wsd cooldown too short to have a
+    step between the two, or a decay that the run stops less than half way down (a short run of a config's long
     schedule); None when none of these."""
     if warmup_iters >= max_iters and warmup_iters > 0:
         return (f"warmup_iters {warmup_iters} is not below max_iters {max_iters}: the learning rate never reaches "
                 "learning_rate in this run; lower warmup_iters")
-    if warmup_iters >= lr_decay_iters - 1 and warmup_iters > 0 and schedule != "constant":
+    if warmup_iters >= lr_decay_iters - 1 and warmup_iters > 0 and lr_decay_iters < max_iters and schedule != "constant":
         return (f"warmup_iters {warmup_iters} leaves no step between the warmup and lr_decay_iters {lr_decay_iters}: "
                 "the learning rate falls from its peak to min_lr in one step; raise lr_decay_iters (usually max_iters)")
     if (lr_decay_iters == 0 or lr_decay_iters == 1 < max_iters) and schedule != "constant":  # and no warmup, or the
@@ -306,11 +306,12 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
                 + (" but the first" if lr_decay_iters else "") + ", never near learning_rate; set lr_decay_iters to "
                 "max_iters (or lr_schedule='constant' for learning_rate throughout)")
     start = wsd_cooldown_start(warmup_iters, lr_decay_iters, cooldown_frac)
-    if schedule in ("wsd", "wsd-sqrt") and lr_decay_iters - start < 2 and lr_decay_iters > 0:  # (a warmup that
-        # squeezes the cooldown so is named above)
-        return (f"the cooldown, from cooldown_frac {cooldown_frac} to lr_decay_iters {lr_decay_iters}, is "
-                f"{lr_decay_iters - start} step(s): no step trains between learning_rate and min_lr; raise "
-                "cooldown_frac or raise lr_decay_iters")
+    if schedule in ("wsd", "wsd-sqrt") and lr_decay_iters - start < 2 and lr_decay_iters > 0:
+        squeezed = start == warmup_iters > 0  # the warmup ends where the cooldown would have begun
+        return (f"the cooldown, from {'the end of the warmup' if squeezed else f'cooldown_frac {cooldown_frac}'} to "
+                f"lr_decay_iters {lr_decay_iters}, is {lr_decay_iters - start} step(s): no step trains between "
+                "learning_rate and min_lr; " + ("lower warmup_iters" if squeezed else "raise cooldown_frac")
+                + " or raise lr_decay_iters")
     left = get_lr(max_iters - 1, 1.0, warmup_iters, lr_decay_iters, 0.0, schedule, cooldown_frac)  # 1: learning_rate
     if schedule != "constant" and lr_decay_iters > max_iters and left > 0.5:
         return (f"lr_decay_iters {lr_decay_iters} is past max_iters {max_iters}: the run stops with its learning rate "
@@ -427,7 +428,9 @@ if __name__ == "__main__":
     # ---- distributed setup
     if held is not None:  # an error to tell the other processes (ranks is set): this one may lack the run's own
         # settings, which it could not read, so it checks none of them, joins on the CPU where its device is not
-        # there, and raises the error with the others (else they would wait for it to join until ddp_timeout)
+        # there, and raises the error with the others (else they would wait for it to join until ddp_timeout). A
+        # run whose own device is not this command's, on nodes that have this one (a CPU run on GPU nodes), still
+        # joins here with another backend than the others: they then wait until ddp_timeout
         try:
             check_device(device)
         except UserError:
@@ -484,7 +487,8 @@ if __name__ == "__main__":
     report.print(f"world size {world_size}, device {device}, dtype {dtype}")
     odd_schedule = schedule_problem(warmup_iters, lr_decay_iters, max_iters, lr_schedule, cooldown_frac) \
         if decay_lr and not eval_only else None
-    unused = [k for k in SCHEDULE_KEYS[2:] if k in given] if not decay_lr and not eval_only else []
+    unused = [k for k in ("warmup_iters", "lr_decay_iters", "min_lr", "lr_schedule", "cooldown_frac") if k in given] \
+        if not decay_lr and not eval_only else []
     if unused:  # a fork of a finetune config (decay_lr = False) that adds a warmup or a schedule
         odd_schedule = (f"{', '.join(f'{k}={config[k]!r}' for k in unused)} {'is' if len(unused) == 1 else 'are'} "
                         "not used: decay_lr=False keeps learning_rate from the first step to the last, with no warmup "
