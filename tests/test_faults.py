@@ -1033,3 +1033,31 @@ def test_a_problem_one_rank_meets_is_every_ranks(tmp_path):
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     assert [stdout for stdout, _ in outputs] == ["no C++ compiler on PATH (on rank 1)\nNone\n",
                                                  "no C++ compiler on PATH\nNone\n"]
+
+
+SCORE_STOPS = TWO_RANKS + """
+from common import leave_distributed
+from hellaswag import score
+from model import GPT, GPTConfig
+torch.manual_seed(0)
+model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=16, vocab_size=5))
+items = [dict(ctx="ab", endings=["a", "b", "c", "d"], label=0)] * 21  # 11 passes each: rank 1's last scores nothing
+encode = lambda text: [" abcd".index(c) for c in text]
+ctx = torch.autocast("cpu", enabled=False)
+asked = []
+print(score(model, items, encode, "cpu", ctx, rank, 2)["items"])
+print(score(model, items, encode, "cpu", ctx, rank, 2, stop=lambda: asked.append(1) or (rank == 1 and len(asked) > 1)))
+leave_distributed(2)
+"""
+
+
+def test_a_stop_on_one_rank_drops_hellaswag_scoring_on_both_whatever_their_share_of_the_items(tmp_path):
+    """The ranks agree on a stop every 10 items by an all-reduce, so each makes as many passes: 21 items on 2
+    ranks, and a signal to rank 1 alone, seen at its check before the 11th item."""
+    script = tmp_path / "score_stops.py"
+    script.write_text(SCORE_STOPS.format(root=ROOT, store=tmp_path / "store"))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=str(tmp_path)) for rank in (0, 1)]
+    outputs = [proc.communicate(timeout=100) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    assert [stdout for stdout, _ in outputs] == ["21\nNone\n", "21\nNone\n"]
