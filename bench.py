@@ -527,11 +527,14 @@ def variants_of(config: dict, compare: str) -> dict[str, dict]:
             flags = shlex.split(text)
         except ValueError as e:
             raise UserError(f"compare={compare!r} cannot be read as flags ({e}): e.g. --compare=\"--compile=False\"") from None
-        fixed = [k for k in HOW_TO_TIME if any(f.startswith(f"--{k}=") for f in flags)]
+        other = configurator.configure(config, flags, __file__, ignored=TRAINING_ONLY, types=config_defaults,
+                                       check=False)  # the rules after this check, which names the mistake better
+        other["device"] = resolve_device(other["device"])  # as A's was
+        fixed = [k for k in HOW_TO_TIME if other[k] != config[k]]  # by a flag, or a config file among them
         if fixed:
             raise UserError(f"compare={compare!r}: {text.strip()!r} sets {', '.join(fixed)}, which say how every config "
                             "is timed, not what one costs: set them outside --compare")
-        other = configurator.configure(config, flags, __file__, ignored=TRAINING_ONLY, types=config_defaults)
+        configurator.check_rules(other, configurator.rules(__file__, other))
         if other == config:
             raise UserError(f"compare={compare!r}: {text.strip()!r} changes no setting: give flags such as "
                             "\"--compile=False\"")
@@ -623,7 +626,8 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
     if not done:
         raise UserError(f"stopped by {stopped[0]} before a round was timed")
     for label, run in runs.items():
-        print(f"{label}: {figures(run, statistics.median(times[label]), config['device'])} (median of {done} rounds)")
+        print(f"{label}: {figures(run, statistics.median(times[label]), configs[label]['device'])} (median of {done} "
+              "rounds)")
     for label in runs:
         if label == "A":
             continue

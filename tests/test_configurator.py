@@ -283,6 +283,16 @@ def test_a_bench_compare_flag_takes_the_type_of_bench_s_default_not_of_config_a_
     assert bench.variants_of({**a, "batch_size": 4}, "--batch_size=auto")["B"]["batch_size"] == "auto"
 
 
+def test_a_bench_compare_config_resolves_device_auto_and_may_not_set_how_configs_are_timed(tmp_path):
+    import bench
+    a = {**bench.config_defaults, "device": "cpu"}  # A's device, resolved
+    assert bench.variants_of(a, "--device=auto --dropout=0.1")["B"]["device"] == bench.resolve_device("auto")
+    script = tmp_path / "b.py"  # a config file among the flags: its timing settings would be shown, then ignored
+    script.write_text("num_steps = 50\nbatch_size = 4\n")
+    with pytest.raises(UserError, match=r"sets num_steps, which say how every config is timed, not what one costs"):
+        bench.variants_of(a, str(script))
+
+
 def test_a_star_import_s_names_are_imports_not_another_script_s_settings(tmp_path):
     path = tmp_path / "c.py"
     path.write_text("from math import *\nlearning_rate = 1e-3 * sqrt(4)\n")
