@@ -28,7 +28,8 @@ class UserError(ValueError):
 def excepthook(exc_type, exc, tb):
     """sys.excepthook for the scripts: a UserError is one line on stderr, with the traceback only when
     NANOGPT_TRACEBACK=1, as is a Ctrl-C before train.py's own handler takes over (StopFlag, once training
-    starts), and a process's loss of a peer that stopped first (the peer's own error is the one to read); any
+    starts), a GPU out of memory, and a process's loss of a peer that stopped first (the peer's own error is the
+    one to read); any
     other exception is a bug and keeps its traceback, a collective's timeout then an error line that names
     ddp_timeout. A gloo process group still alive is destroyed: left to
     the interpreter's exit, gloo's threads abort the process (SIGABRT) now and then, hiding the exit status."""
@@ -41,6 +42,10 @@ def excepthook(exc_type, exc, tb):
         print("interrupted (Ctrl-C)", file=sys.stderr)
     elif lost:
         print(f"error: another process of this run stopped ({lost}): its own output says why", file=sys.stderr)
+    elif exc_type.__name__ == "OutOfMemoryError":  # torch's, a GPU's: the batch asked for more than there is
+        print(f"error: the GPU ran out of memory ({str(exc).strip().splitlines()[0][:160]}): use a smaller micro-batch "
+              "(batch_size, raising gradient_accumulation_steps to keep the tokens per step; num_samples in sample.py) "
+              "or activation_checkpointing=True; NANOGPT_TRACEBACK=1 shows where", file=sys.stderr)
     elif issubclass(exc_type, BrokenPipeError) and stdout_closed():  # its reader went (`| head`): as a shell tool,
         to_devnull(sys.stdout)  # quietly
     else:

@@ -969,6 +969,22 @@ def test_only_a_closed_or_reset_connection_is_a_lost_peer_not_a_timeout():
     assert peer_lost(RuntimeError("Connection closed by peer")) is None  # not gloo's: not a collective's
 
 
+def test_a_gpu_out_of_memory_is_one_line_that_says_what_to_lower(capsys, monkeypatch):
+    """The memory plan refuses a batch it sees will not fit, but it estimates: a step may still run out."""
+    from common import excepthook
+    monkeypatch.delenv("NANOGPT_TRACEBACK", raising=False)
+    try:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                                     "79.19 GiB of which 1.50 GiB is free.\nOf the allocated memory ...")
+    except torch.OutOfMemoryError as e:
+        excepthook(type(e), e, e.__traceback__)
+    assert capsys.readouterr().err == (
+        "error: the GPU ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+        "of 79.19 GiB of which 1.50 GiB is free.): use a smaller micro-batch (batch_size, raising "
+        "gradient_accumulation_steps to keep the tokens per step; num_samples in sample.py) or "
+        "activation_checkpointing=True; NANOGPT_TRACEBACK=1 shows where\n")
+
+
 def test_a_collectives_timeout_keeps_its_traceback_and_ends_with_a_line_naming_ddp_timeout(capsys):
     from common import excepthook
     gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1000ms "
