@@ -123,7 +123,8 @@ def median_step_ms(out_dir: str, skip: int) -> float | None:
 
 
 def nanogpt_median_step_ms(output: str, skip: int) -> float | None:
-    """Median ms per step of a run of nanoGPT's train.py, from its 'iter N: loss L, time Tms' lines past step `skip`
-    (None: none)."""
-    times = [float(t) for i, t in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M) if int(i) > skip]
+    """Median ms per step of a run of nanoGPT's train.py, from its 'iter N: loss L, time Tms' lines past its first
+    `skip` steps, as median_step_ms leaves out (None: none). nanoGPT numbers its first step 0, this trainer 1."""
+    times = [float(t) for i, t in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M)
+             if int(i) >= skip]
     return statistics.median(times) if times else None

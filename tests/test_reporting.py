@@ -433,15 +433,16 @@ def test_a_metrics_file_from_before_a_column_existed_is_rewritten_under_todays_h
 
 def test_step_times_of_ours_and_nanogpts_skip_the_same_first_steps_and_take_the_median(tmp_path):
     import metrics
-    for i, dt in enumerate([900.0, 12.0, 10.0, 14.0, 11.0]):
-        metrics.append_row(str(tmp_path), {"iter": i, "tokens": 8 * (i + 1), "loss": 4.0, "dt_ms": dt})
-    metrics.append_row(str(tmp_path), {"iter": 4, "tokens": 40, "val_loss": 3.9})  # an eval row: no step time
+    for i, dt in enumerate([900.0, 12.0, 10.0, 14.0, 11.0], start=1):  # train.py logs its first step as iter 1
+        metrics.append_row(str(tmp_path), {"iter": i, "tokens": 8 * i, "loss": 4.0, "dt_ms": dt})
+    metrics.append_row(str(tmp_path), {"iter": 5, "tokens": 40, "val_loss": 3.9})  # an eval row: no step time
     # nanoGPT's train.py prints f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {mfu*100:.2f}%"
     printed = "".join(f"iter {i}: loss 4.0000, time {dt:.2f}ms, mfu -100.00%\n" for i, dt in
                       enumerate([900.0, 12.0, 10.0, 14.0, 11.0]))
     printed += "step 4: train loss 3.9000, val loss 3.9100\n"
-    assert metrics.median_step_ms(str(tmp_path), 0) == metrics.nanogpt_median_step_ms(printed, 0) == 11.5
-    assert metrics.median_step_ms(str(tmp_path), 4) is None and metrics.nanogpt_median_step_ms(printed, 4) is None
+    assert metrics.median_step_ms(str(tmp_path), 1) == metrics.nanogpt_median_step_ms(printed, 1) == 11.5
+    assert metrics.median_step_ms(str(tmp_path), 3) == metrics.nanogpt_median_step_ms(printed, 3) == 12.5
+    assert metrics.median_step_ms(str(tmp_path), 5) is None and metrics.nanogpt_median_step_ms(printed, 5) is None
 
 
 def test_a_metrics_file_with_a_column_from_a_newer_version_is_refused_and_kept(tmp_path):
