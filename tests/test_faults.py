@@ -213,7 +213,7 @@ def test_weights_that_give_non_finite_steps_are_not_saved_though_their_val_loss_
     shape = dict(batch_size=4, dropout=0.0, warmup_iters=2, max_iters=8, lr_decay_iters=8, keep_last_n=1)
     assert run_script("train.py", *args_for(char_data, out, **shape), cwd=str(tmp_path)).returncode == 0
     before = {name: open(os.path.join(out, name), "rb").read() for name in ("ckpt.pt", "ckpt_0000008.pt", "best.pt")}
-    result = run_script("train.py", f"--out_dir={out}", "--init_from=resume", "--learning_rate=1e5", "--min_lr=0",
+    result = run_script("train.py", f"--out_dir={out}", "--init_from=resume", "--learning_rate=1e5",
                         "--decay_lr=False", "--max_iters=20", "--max_nonfinite_steps=100", cwd=str(tmp_path))
     assert "iter 12: not saved, as the last 3 steps were skipped as non-finite and the val loss is no better than " \
            f"the best; the last good checkpoint, {out}/ckpt.pt at iter 8, is kept" in result.stdout, result.stdout
