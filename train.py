@@ -297,7 +297,10 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
     if warmup_iters >= max_iters and warmup_iters > 0:
         return (f"warmup_iters {warmup_iters} is not below max_iters {max_iters}: the learning rate never reaches "
                 "learning_rate in this run; lower warmup_iters")
-    if warmup_iters >= lr_decay_iters - 1 and warmup_iters > 0 and lr_decay_iters < max_iters and schedule != "constant":
+    if warmup_iters >= lr_decay_iters - 1 and warmup_iters > 0 and schedule != "constant":
+        if lr_decay_iters >= max_iters:  # then warmup_iters is max_iters - 1: the fall would come after the run
+            return (f"warmup_iters {warmup_iters} ends at the run's last step, which trains at learning_rate: no step "
+                    "decays; lower warmup_iters")
         return (f"warmup_iters {warmup_iters} leaves no step between the warmup and lr_decay_iters {lr_decay_iters}: "
                 "the learning rate falls from its peak to min_lr in one step; raise lr_decay_iters (usually max_iters)")
     if (lr_decay_iters == 0 or lr_decay_iters == 1 < max_iters) and schedule != "constant":  # and no warmup, or the
@@ -306,12 +309,11 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
                 + (" but the first" if lr_decay_iters else "") + ", never near learning_rate; set lr_decay_iters to "
                 "max_iters (or lr_schedule='constant' for learning_rate throughout)")
     start = wsd_cooldown_start(warmup_iters, lr_decay_iters, cooldown_frac)
-    if schedule in ("wsd", "wsd-sqrt") and lr_decay_iters - start < 2 and lr_decay_iters > 0:
-        squeezed = start == warmup_iters > 0  # the warmup ends where the cooldown would have begun
-        return (f"the cooldown, from {'the end of the warmup' if squeezed else f'cooldown_frac {cooldown_frac}'} to "
-                f"lr_decay_iters {lr_decay_iters}, is {lr_decay_iters - start} step(s): no step trains between "
-                "learning_rate and min_lr; " + ("lower warmup_iters" if squeezed else "raise cooldown_frac")
-                + " or raise lr_decay_iters")
+    if schedule in ("wsd", "wsd-sqrt") and lr_decay_iters - start < 2 and 0 < lr_decay_iters <= max_iters:
+        # (a warmup that squeezes the cooldown so is named above; a cooldown after the run, below)
+        return (f"the cooldown, from cooldown_frac {cooldown_frac} to lr_decay_iters {lr_decay_iters}, is "
+                f"{lr_decay_iters - start} step(s): no step trains between learning_rate and min_lr; raise "
+                "cooldown_frac or raise lr_decay_iters")
     left = get_lr(max_iters - 1, 1.0, warmup_iters, lr_decay_iters, 0.0, schedule, cooldown_frac)  # 1: learning_rate
     if schedule != "constant" and lr_decay_iters > max_iters and left > 0.5:
         return (f"lr_decay_iters {lr_decay_iters} is past max_iters {max_iters}: the run stops with its learning rate "

@@ -87,12 +87,14 @@ def test_a_wsd_cooldown_with_no_step_between_the_rates_is_named():
                                                      "step(s): no step trains between learning_rate and min_lr; raise "
                                                      "cooldown_frac or raise lr_decay_iters")
     # a warmup that ends where the cooldown would have begun: cooldown_frac is not what to change
-    assert schedule_problem(99, 100, 100, "wsd", 1.0).endswith("from the end of the warmup to lr_decay_iters 100, is "
-                                                               "1 step(s): no step trains between learning_rate and "
-                                                               "min_lr; lower warmup_iters or raise lr_decay_iters")
-    assert schedule_problem(99, 100, 101, "wsd", 1.0).startswith("warmup_iters 99 leaves no step between the warmup "
-                                                                 "and lr_decay_iters 100")  # a run that takes the fall
-    assert schedule_problem(99, 100, 100, "cosine") is None  # its fall, at step 100, comes after the run
+    for schedule in ("wsd", "cosine"):  # its fall, at step 100, would come after the run
+        assert schedule_problem(99, 100, 100, schedule, 1.0) == ("warmup_iters 99 ends at the run's last step, which "
+                                                                 "trains at learning_rate: no step decays; lower "
+                                                                 "warmup_iters")
+        assert schedule_problem(99, 100, 101, schedule, 1.0).startswith(  # a run that takes the fall
+            "warmup_iters 99 leaves no step between the warmup and lr_decay_iters 100")
+    # a one-step cooldown after the run's end is no cooldown of this run: the decay it does not reach is named
+    assert schedule_problem(0, 100, 10, "wsd", 0.01).startswith("lr_decay_iters 100 is past max_iters 10")
     assert schedule_problem(0, 7, 7, "wsd-sqrt", 0.3) is None  # 2 steps: one of them below learning_rate
     assert get_lr(6, 1.0, 0, 7, 0.1, "wsd", 0.3) == pytest.approx(0.55)
     assert schedule_problem(0, 7, 7, "cosine", 0.2) is None
