@@ -42,8 +42,9 @@ def excepthook(exc_type, exc, tb):
         print("interrupted (Ctrl-C)", file=sys.stderr)
     elif lost:
         print(f"error: another process of this run stopped ({lost}): its own output says why", file=sys.stderr)
-    elif exc_type.__name__ == "OutOfMemoryError":  # torch's, a GPU's: the batch asked for more than there is
-        print(f"error: the GPU ran out of memory ({str(exc).strip().splitlines()[0][:160]}): use a smaller micro-batch "
+    elif out_of_memory(exc_type):  # a GPU's: the batch asked for more than there is
+        said = ". ".join(str(exc).strip().split(". ")[:3]).rstrip(".")  # what it asked for, and what was free
+        print(f"error: the GPU ran out of memory ({said}): use a smaller micro-batch "
               "(batch_size, raising gradient_accumulation_steps to keep the tokens per step; num_samples in sample.py) "
               "or activation_checkpointing=True; NANOGPT_TRACEBACK=1 shows where", file=sys.stderr)
     elif issubclass(exc_type, BrokenPipeError) and stdout_closed():  # its reader went (`| head`): as a shell tool,
@@ -57,6 +58,12 @@ def excepthook(exc_type, exc, tb):
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
         dist.destroy_process_group()
+
+
+def out_of_memory(exc_type) -> bool:
+    """Whether exc_type is torch's out-of-memory error (a GPU's; a CPU raises a RuntimeError)."""
+    oom = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
+    return oom is not None and issubclass(exc_type, oom)
 
 
 def to_devnull(stream):

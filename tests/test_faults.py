@@ -974,13 +974,18 @@ def test_a_gpu_out_of_memory_is_one_line_that_says_what_to_lower(capsys, monkeyp
     from common import excepthook
     monkeypatch.delenv("NANOGPT_TRACEBACK", raising=False)
     try:
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-                                     "79.19 GiB of which 1.50 GiB is free.\nOf the allocated memory ...")
+        raise torch.OutOfMemoryError(  # torch's message, one line
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.50 GiB "
+            "is free. Including non-PyTorch memory, this process has 77.68 GiB memory in use. Of the allocated memory "
+            "75.10 GiB is allocated by PyTorch, and 1.20 GiB is reserved by PyTorch but unallocated. If reserved but "
+            "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+            "fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html"
+            "#environment-variables)")
     except torch.OutOfMemoryError as e:
         excepthook(type(e), e, e.__traceback__)
     assert capsys.readouterr().err == (
         "error: the GPU ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
-        "of 79.19 GiB of which 1.50 GiB is free.): use a smaller micro-batch (batch_size, raising "
+        "of 79.19 GiB of which 1.50 GiB is free): use a smaller micro-batch (batch_size, raising "
         "gradient_accumulation_steps to keep the tokens per step; num_samples in sample.py) or "
         "activation_checkpointing=True; NANOGPT_TRACEBACK=1 shows where\n")
 
