@@ -9,7 +9,6 @@ is already Hugging Face's (rotate-half), so no weight is permuted.
 """
 import dataclasses
 import os
-import re
 from contextlib import contextmanager
 
 import torch
@@ -22,6 +21,7 @@ PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 
 EPS = 1e-5  # model.py's LayerNorm and RMSNorm epsilon
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")  # where save_pretrained puts the weights
+MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")  # GPT-2's causal-mask buffers in transformers' files: no weights
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
 
 
@@ -132,7 +132,7 @@ def to_transformers(model: GPT, vocab: dict | None = None):
     hf_model = cls(config)
     state = to_hf_state(model)
     missing, unexpected = hf_model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight"]
+    missing = [k for k in missing if not k.endswith(MASK_BUFFERS) and k != "lm_head.weight"]
     if missing or unexpected:  # a transformers version with other names: say so rather than export a broken model
         raise UserError(f"this transformers version names {cls.__name__}'s weights differently (missing "
                         f"{missing[:3]}, unexpected {unexpected[:3]}): export with transformers 4.4x or 5.x")
@@ -176,7 +176,7 @@ def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
                            n_embd=hf.n_embd, bias=bias, dropout=dropout, mlp_hidden=hf.n_inner or 0,
                            tie_embeddings=hf.tie_word_embeddings)  # untied: lm_head.weight is its own
         state = {k: v.t() if k.endswith(CONV1D) else v for k, v in sd.items()
-                 if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+                 if not k.endswith(MASK_BUFFERS)}
         if not bias:  # exported from a model without biases: they are zeros, and only then may be dropped
             if any(v.any() for k, v in state.items() if k.endswith(".bias")):
                 raise UserError("this GPT-2 says nanogpt_bias=false but has non-zero biases: remove that line from "
@@ -263,8 +263,8 @@ def load(name: str, dropout: float = 0.0) -> GPT:
                         "damaged; write it again (export.py, or save_pretrained)") from e
     # transformers fills a weight the files lack with random values and drops one its config has no place for
     missing = sorted(info.get("missing_keys") or ())
-    # GPT-2 folders of older transformers keep the causal mask's buffers, which transformers 5 names as unexpected
-    unexpected = sorted(k for k in info.get("unexpected_keys") or () if not re.search(r"\.attn\.(masked_)?bias$", k))
+    # (GPT-2 folders of older transformers keep the mask buffers, which transformers 5 names as unexpected)
+    unexpected = sorted(k for k in info.get("unexpected_keys") or () if not k.endswith(MASK_BUFFERS))
     if missing or unexpected:
         listed = "; ".join(f"{kind} {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''} ({len(keys)} in all)"
                            for kind, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
