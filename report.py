@@ -13,7 +13,8 @@ import sys
 from contextlib import contextmanager
 
 import metrics
-from common import UserError, atomic_write, json_text, read_json, replaceable_result, write_json
+from common import (UserError, atomic_write, json_text, launcher_ranks, local_processes, read_json,
+                    replaceable_result, write_json)
 
 SAMPLE_HEADING = re.compile(r"^---- iter (\d+) ----\n", re.M)  # each sample in samples.txt starts with one
 
@@ -99,9 +100,11 @@ def progress_line(it: int, max_iters: int, loss: float, lr: float, tokens_per_se
 def launch_command(argv: list[str], env) -> list[str]:
     """The command that started this run: python and argv, or under torchrun (its variables in env) torchrun's
     command on rank 0's node, with the node and process counts it ran with (and its rendezvous, across nodes)."""
-    if "LOCAL_WORLD_SIZE" not in env or "WORLD_SIZE" not in env:  # (LOCAL_WORLD_SIZE alone: set by hand)
+    ranks = launcher_ranks(env)  # as train.py decided it: torchrun's variables, or none
+    if ranks is None:
         return [os.path.basename(sys.executable), *argv]
-    per_node, nodes = int(env["LOCAL_WORLD_SIZE"]), int(env["WORLD_SIZE"]) // int(env["LOCAL_WORLD_SIZE"])
+    per_node = local_processes(env)
+    nodes = ranks[2] // per_node
     where = ["--standalone"] if nodes == 1 else [f"--nnodes={nodes}", "--node_rank=0",
                                                  f"--master_addr={env.get('MASTER_ADDR')}",
                                                  f"--master_port={env.get('MASTER_PORT')}"]

@@ -307,9 +307,10 @@ def test_run_json_records_torchruns_command_under_torchrun():
     from report import launch_command
     argv = ["train.py", "--batch_size=4"]
     assert launch_command(argv, {})[1:] == argv == launch_command(argv, {"LOCAL_WORLD_SIZE": "2"})[1:]  # not torchrun
-    assert launch_command(argv, {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}) == \
+    ranks = {"RANK": "0", "LOCAL_RANK": "0"}
+    assert launch_command(argv, {**ranks, "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}) == \
         ["torchrun", "--standalone", "--nproc_per_node=2", *argv]
-    assert launch_command(argv, {"LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "16", "MASTER_ADDR": "node0",
+    assert launch_command(argv, {**ranks, "LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "16", "MASTER_ADDR": "node0",
                                  "MASTER_PORT": "29500"}) == \
         ["torchrun", "--nnodes=2", "--node_rank=0", "--master_addr=node0", "--master_port=29500",
          "--nproc_per_node=8", *argv]
