@@ -67,7 +67,7 @@ if __name__ == "__main__":
                           f"--out_dir={os.path.join(work, f'nano_{r}')}"], nano)
             nano_times.append(metrics.nanogpt_median_step_ms(output, 10))
             if None in (ours_times[-1], nano_times[-1]):
-                sys.exit(f"error: a run logged no step past step 10 (ours {ours_times[-1]}, nanoGPT {nano_times[-1]})")
+                sys.exit(f"error: a run logged no step past its first 10 (ours {ours_times[-1]}, nanoGPT {nano_times[-1]})")
             print(f"round {r + 1}/{args.rounds}: ours {ours_times[-1]:.2f} ms/step, nanoGPT {nano_times[-1]:.2f} ms/step, "
                   f"nanoGPT/ours {nano_times[-1] / ours_times[-1]:.3f}x", flush=True)
     ratios = sorted(n / o for n, o in zip(nano_times, ours_times))
