@@ -302,6 +302,16 @@ def test_openwebtext_checks_its_settings_before_the_download_starts(tmp_path):
     assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 30
 
 
+def test_openwebtext_replaces_a_dataset_in_another_folder_only_with_overwrite(tmp_path):
+    """As the Shakespeare scripts do: its own folder is its own to write again, another's needs --overwrite."""
+    kept = tmp_path / "kept"
+    load_module("data/shakespeare_char/prepare.py").prepare("to be or not to be\n" * 50, str(kept))
+    before = {name: (kept / name).read_bytes() for name in os.listdir(kept)}
+    result = run_script("data/openwebtext/prepare.py", "--out_dir", str(kept), cwd=str(tmp_path))
+    assert result.returncode != 0 and result.stderr.startswith(f"error: --out_dir {kept} already holds a dataset (char")
+    assert {name: (kept / name).read_bytes() for name in os.listdir(kept)} == before
+
+
 def test_a_byte_order_mark_starts_a_jsonl_file_without_becoming_text(tmp_path):
     path = tmp_path / "dump.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"text": "hello"}\n{"text": "world"}\n')

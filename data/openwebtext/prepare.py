@@ -3,7 +3,7 @@ OpenWebText (8M web documents, about 9B GPT-2 tokens) for config/train_gpt2.py: 
 (about 17 GB), val.bin (about 8 MB) and meta.json next to this file, or into --out_dir.
 
     pip install datasets
-    python data/openwebtext/prepare.py [--workers N] [--shard_tokens 1_000_000_000]
+    python data/openwebtext/prepare.py [--workers N] [--shard_tokens 1_000_000_000] [--out_dir DIR [--overwrite]]
 
 Hugging Face `datasets` downloads the corpus (about 54 GB in its cache); tokenizing then goes through
 data/prepare.py, the same streaming writer as any other corpus: 0.05% of the documents go to val,
@@ -16,7 +16,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
-from data.prepare import PrepareError, prepare_corpus, run_cli  # noqa: E402
+from data.prepare import PrepareError, prepare_corpus, refuse_to_replace, run_cli  # noqa: E402
 
 REPO = "Skylion007/openwebtext"
 
@@ -49,14 +49,19 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=os.cpu_count() // 2 or 1, help="download and tokenizer processes")
     parser.add_argument("--shard_tokens", type=int, default=0, help="tokens per shard file; 0 writes one file per split")
     parser.add_argument("--gpt2_tiktoken", help="GPT-2's rank file (gpt2.tiktoken), for machines without tiktoken's host")
+    parser.add_argument("--overwrite", action="store_true", help="replace the dataset that --out_dir holds (this "
+                        "folder's own is replaced without it)")
     args = parser.parse_args()
+    overwrite = args.overwrite or os.path.realpath(args.out_dir) == os.path.realpath(HERE)
 
     def job():
+        if not overwrite:  # before a 54 GB download, and again once the folder is held
+            refuse_to_replace(args.out_dir)
         try:
             from datasets import load_dataset
         except ImportError:
             raise PrepareError("openwebtext needs Hugging Face datasets: pip install datasets") from None
         texts = openwebtext_texts(load_dataset, args.workers or None)  # 0: datasets' own choice
         prepare_corpus(texts, args.out_dir, "gpt2", val_fraction=0.0005, seed=2357, workers=args.workers,
-                       shard_tokens=args.shard_tokens, rank_file=args.gpt2_tiktoken, source=REPO)
+                       shard_tokens=args.shard_tokens, rank_file=args.gpt2_tiktoken, source=REPO, overwrite=overwrite)
     run_cli(job, args.out_dir)
