@@ -9,8 +9,9 @@ Tokenizes your own corpus into the token files that train.py reads:
 file; files over 1 MB are cut into documents of 1 to 2 MB, at the first blank line past 1 MB, else at a line
 break), .jsonl (one JSON object per line, text in --text_field) and .parquet (needs pyarrow). Documents end
 with <|endoftext|>. Each document goes to val with probability --val_fraction, decided by a hash of its text,
-so the split does not depend on file order. When every document lands in one split (one or a few documents, a
-single small .txt file), the last val_fraction of the tokens are held out as val instead.
+so the split does not depend on file order. When every document lands in one split, or val takes more than half
+the tokens and twice val_fraction (one or a few documents, such as a single .txt file of a few MB), the last
+val_fraction of the tokens are held out as val instead.
 
 Writes {split}.bin, or {split}_000.bin, {split}_001.bin, ... with --shard_tokens, as uint16 when the
 vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files). A
@@ -294,27 +295,41 @@ class TokenWriter:
 
 
 def split_by_position(writers: dict, val_fraction: float) -> dict:
-    """New writers for a corpus whose documents all went to one split (one or a few documents, such as a single
-    .txt file): the same token stream in the same order, its last val_fraction held out as val, as nanoGPT's
-    prepare scripts cut a text. The finished writers' files are moved or cut, never read whole."""
-    old = writers["train"] if writers["train"].counts and sum(writers["train"].counts) else writers["val"]
-    train, val = (TokenWriter(old.out_dir, split, old.dtype, old.shard_tokens) for split in ("train", "val"))
+    """New writers for a corpus whose whole documents split far from val_fraction (one or a few documents, such
+    as a single .txt file, cut into documents of 1 to 2 MB): the train documents' tokens, then the val
+    documents', each in their order, with the last val_fraction held out as val, as nanoGPT's prepare scripts cut
+    a text (where all went to one split, the same token stream in the same order). The finished writers' files are
+    moved, cut or appended to, never read whole."""
+    olds = [writers["train"], writers["val"]]
+    train, val = (TokenWriter(olds[0].out_dir, split, olds[0].dtype, olds[0].shard_tokens) for split in ("train", "val"))
     try:
-        move_tail(old, train, val, val_fraction)
-    except BaseException:  # the files not yet moved are the old writer's, which the caller discards
+        move_tail(olds, train, val, val_fraction)
+    except BaseException:  # the files not yet moved are the old writers', which the caller discards
         train.discard()
         val.discard()
         raise
     return {"train": train, "val": val}
 
 
-def move_tail(old: TokenWriter, train: TokenWriter, val: TokenWriter, val_fraction: float):
-    """split_by_position's moves: old's files become train's, then their last val_fraction of tokens val's."""
-    for index, (name, count) in enumerate(zip(old.files, old.counts)):  # every file becomes train's, by its name
-        os.replace(os.path.join(old.out_dir, name + ".tmp"), os.path.join(train.out_dir, train.name(index) + ".tmp"))
+def move_tail(olds: list[TokenWriter], train: TokenWriter, val: TokenWriter, val_fraction: float):
+    """split_by_position's moves: the old writers' files become train's, in order, then their last val_fraction
+    of tokens val's."""
+    first, *rest = [old for old in olds if old.files]
+    for index, (name, count) in enumerate(zip(first.files, first.counts)):  # the first's files become train's
+        os.replace(os.path.join(first.out_dir, name + ".tmp"), os.path.join(train.out_dir, train.name(index) + ".tmp"))
         train.files.append(train.name(index))
         train.counts.append(count)
-    train.documents = old.documents
+    if rest:  # the others' tokens go on their end, a chunk at a time, filling the last shard first
+        train.handle = open(os.path.join(train.out_dir, train.files[-1] + ".tmp"), "ab")
+        for old in rest:
+            for name, count in zip(old.files, old.counts):
+                path = os.path.join(old.out_dir, name + ".tmp")
+                for start in range(0, count, 1 << 24):
+                    train.write(np.fromfile(path, dtype=old.dtype, count=1 << 24, offset=start * old.dtype.itemsize))
+                os.remove(path)
+        train.handle.close()
+        train.handle = None
+    train.documents = sum(old.documents for old in olds)
     need, tail = max(1, round(sum(train.counts) * val_fraction)), []
     need = min(need, sum(train.counts) - 1)
     while need:  # the last `need` tokens, from the last file backwards
@@ -600,13 +615,16 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
             total = sum(s["tokens"] for s in splits.values())
             if total < 2:
                 raise PrepareError(f"the corpus gave {total} tokens ({documents} non-blank documents): check --input")
-            if 0 in (splits["train"]["tokens"], splits["val"]["tokens"]):
+            val_share = splits["val"]["tokens"] / total
+            if 0 in (splits["train"]["tokens"], splits["val"]["tokens"]) or val_share > max(0.5, 2 * val_fraction):
+                # a few large documents: whole ones cannot come near val_fraction, and may leave train almost none
+                how = (f"every document ({documents}) went to one split" if val_share in (0, 1) else
+                       f"the {documents} documents put {val_share:.0%} of the tokens in val")
                 writers = split_by_position(writers, val_fraction)
                 splits = {split: w.finish() for split, w in writers.items()}
                 print(("\n" if shown and live else "")
-                      + f"note: every document ({documents}) went to one split, so val is "
-                      f"instead the last {splits['val']['tokens']:,} tokens of the corpus (val_fraction {val_fraction})",
-                      file=sys.stderr)
+                      + f"note: {how}, so val is instead the last {splits['val']['tokens']:,} tokens of the corpus "
+                      f"(val_fraction {val_fraction})", file=sys.stderr)
             meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name,
                     "eot_token": vocab_size - 1, "max_token_id": max_id, "splits": splits, "source": source}
             if tokenizer == "char":

@@ -86,12 +86,16 @@ def test_shards_hold_the_same_tokens_as_one_file(tmp_path):
 
 
 @pytest.mark.parametrize("shard_tokens", [0, 300, 100])  # 100: the held-out tail spans whole shards
-@pytest.mark.parametrize("hashed_to", ["train", "val"])
-def test_a_corpus_whose_documents_all_hash_to_one_split_is_cut_by_position(tmp_path, hashed_to, shard_tokens):
-    docs = ["".join(f"line {i} of {j}\n" for i in range(100)) for j in range(2)]  # two documents, 2,100 tokens
-    seed = next(s for s in range(100) if all(prepare.goes_to_val(d, 0.1, s) == (hashed_to == "val") for d in docs))
+@pytest.mark.parametrize("hashed_to", ["train", "val", "split"])  # split: the larger to val, 77% of the tokens
+def test_a_corpus_whose_documents_all_hash_to_one_split_is_cut_by_position(tmp_path, hashed_to, shard_tokens,
+                                                                           capsys):
+    docs = ["".join(f"line {i} of {j}\n" for i in range(n)) for j, n in enumerate((30, 100))]  # 1,350 tokens
+    to_val = {"train": (False, False), "val": (True, True), "split": (False, True)}[hashed_to]
+    seed = next(s for s in range(10_000) if tuple(prepare.goes_to_val(d, 0.1, s) for d in docs) == to_val)
     meta = prepare.prepare_corpus(docs, str(tmp_path / "out"), "char", prepare.alphabet(docs), val_fraction=0.1,
                                   seed=seed, workers=1, shard_tokens=shard_tokens, progress=False)
+    assert ("the 2 documents put 77% of the tokens in val" if hashed_to == "split" else
+            "every document (2) went to one split") in capsys.readouterr().err
     train, val = (read_split(tmp_path / "out", split, meta) for split in ("train", "val"))
     eot = meta["vocab_size"] - 1
     stream = np.concatenate([train, val])
