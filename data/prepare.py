@@ -179,9 +179,13 @@ def jsonl_text(line: str, text_field: str, where: str) -> str:
     """The text of one jsonl line; a PrepareError naming `where` when the line is not a JSON object with a string
     text_field, or the string holds a lone surrogate ("\\ud800"), which is no text."""
     try:
-        text = json.loads(line)[text_field]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise PrepareError(f"{where}: not a JSON object with a '{text_field}' field (set --text_field)") from None
+        record = json.loads(line)
+    except (ValueError, RecursionError) as e:  # bad JSON, a number past Python's digit limit, nesting past its depth
+        raise PrepareError(f"{where}: not valid JSON ({str(e).split(':')[0] or type(e).__name__}): fix or drop that "
+                           "line") from None
+    if not isinstance(record, dict) or text_field not in record:
+        raise PrepareError(f"{where}: not a JSON object with a '{text_field}' field (set --text_field)")
+    text = record[text_field]
     if not isinstance(text, str):
         raise PrepareError(f"{where}: '{text_field}' is a {type(text).__name__}, not a string")
     try:

@@ -134,6 +134,11 @@ def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path):
     assert list(prepare.iter_documents([str(path)], "body")) == ["hello world", "again"]
     with pytest.raises(prepare.PrepareError, match="line 1: not a JSON object with a 'text' field"):
         list(prepare.iter_documents([str(path)], "text"))
+    for line, problem in (('{"body": "x",', "Expecting property name"), ('{"body": "x", "id": ' + "9" * 5000 + "}",
+                                                                          "digits"), ("[" * 100_000, "recursion depth")):
+        path.write_text(line + "\n")  # a torn line, an integer past Python's digit limit, nesting past its depth
+        with pytest.raises(prepare.PrepareError, match=rf"line 1: not valid JSON \(.*{problem}.*\): fix or drop"):
+            list(prepare.iter_documents([str(path)], "body"))
 
 
 def test_long_text_files_are_cut_at_paragraph_breaks_whatever_the_chunks_they_arrive_in():
