@@ -240,9 +240,13 @@ def _encode_batch(docs: list[str]) -> list[tuple[bool, np.ndarray]]:
     return [(goes_to_val(d, _worker["val_fraction"], _worker["seed"]), ids) for d, ids in zip(docs, encoded)]
 
 
-def batches(documents: Iterable[str], max_chars: int = BATCH_CHARS) -> Iterator[list[str]]:
+def batches(documents: Iterable[str | None], max_chars: int = BATCH_CHARS) -> Iterator[list[str]]:
+    """The documents in batches of about max_chars, without the blank ones and a dataset's null texts (None),
+    which would end in a second <|endoftext|> with nothing between."""
     batch, size = [], 0
     for doc in documents:
+        if doc is None or not doc.strip():
+            continue
         batch.append(doc)
         size += len(doc)
         if size >= max_chars:

@@ -300,7 +300,7 @@ def test_openwebtext_checks_its_settings_before_the_download_starts(tmp_path):
         calls.append(revision)
         if revision is None:
             raise RuntimeError("Dataset scripts are no longer supported, but found openwebtext.py")
-        return [{"text": f"document {i} of the web"} for i in range(30)]
+        return [{"text": f"document {i} of the web"} for i in range(30)] + [{"text": ""}, {"text": "  "}, {"text": None}]
     with pytest.raises(prepare.PrepareError, match="--shard_tokens -1"):
         prepare.prepare_corpus(owt.openwebtext_texts(load_dataset, 1), str(tmp_path / "bad"), shard_tokens=-1,
                                rank_file=gpt2_rank_file(), progress=False)
@@ -308,7 +308,7 @@ def test_openwebtext_checks_its_settings_before_the_download_starts(tmp_path):
     meta = prepare.prepare_corpus(owt.openwebtext_texts(load_dataset, 1), str(tmp_path / "owt"), workers=1,
                                   val_fraction=0.2, rank_file=gpt2_rank_file(), progress=False)
     assert calls == [None, "refs/convert/parquet"]  # the plain load refused, then the Hub's parquet copy
-    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 30
+    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 30  # no blank or null one
 
 
 def test_openwebtext_replaces_a_dataset_in_another_folder_only_with_overwrite(tmp_path):
