@@ -54,18 +54,23 @@ class PrepareError(UserError):
 
 
 def list_files(inputs: list[str]) -> list[str]:
-    """Every corpus file named by inputs (files, folders, globs), sorted within each input."""
-    files = []
+    """Every corpus file named by inputs (files, folders, globs; a folder a glob matches is searched too), sorted
+    within each input, each file once however many inputs name it (its documents would count twice)."""
+    files, seen = [], set()
     for item in inputs:
         if os.path.isfile(item):  # as it is, even where its name has glob characters: notes [draft].txt
             found = [item]
         elif os.path.isdir(item):
             found = sorted(walk_files(item))
-        else:
-            found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))  # ** spans folders
+        else:  # ** spans folders
+            found = sorted(f for p in glob.glob(item, recursive=True)
+                           for f in (walk_files(p) if os.path.isdir(p) else [p] if os.path.isfile(p) else []))
         if not found:
             raise PrepareError(f"--input {item} matches no {'/'.join(EXTENSIONS)} file")
-        files += found
+        for f in found:
+            if os.path.realpath(f) not in seen:
+                seen.add(os.path.realpath(f))
+                files.append(f)
     unsupported = [f for f in files if not f.endswith(EXTENSIONS)]
     if unsupported:
         raise PrepareError(f"{unsupported[0]} is not .txt, .jsonl or .parquet")

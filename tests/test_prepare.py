@@ -190,6 +190,15 @@ def test_a_double_star_glob_spans_folders(tmp_path):
         [str(tmp_path / p) for p in ("a/b/two.txt", "a/one.txt", "top.txt")]
 
 
+def test_a_folder_a_glob_matches_is_searched_and_a_file_named_twice_is_read_once(tmp_path):
+    for path in ("c/x.txt", "c/sub/y.txt"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("words")
+    assert prepare.list_files([str(tmp_path / "c" / "*")]) == [str(tmp_path / p) for p in ("c/sub/y.txt", "c/x.txt")]
+    assert prepare.list_files([str(tmp_path / "c" / "x.txt"), str(tmp_path / "c")]) == \
+        [str(tmp_path / p) for p in ("c/x.txt", "c/sub/y.txt")]  # not x.txt twice: its documents would count twice
+
+
 def test_a_file_is_taken_as_named_and_a_folder_through_its_links_each_folder_once(tmp_path):
     (tmp_path / "notes [draft].txt").write_text("words")  # [draft] would be a glob's character class
     assert prepare.list_files([str(tmp_path / "notes [draft].txt")]) == [str(tmp_path / "notes [draft].txt")]
