@@ -582,6 +582,8 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
                            "it from: check --input")
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val_fraction {val_fraction} is not in (0, 1): train.py needs a val split")
+    if len(str(seed)) > 64:  # the split's hash takes it as a key of at most 64 bytes
+        raise PrepareError(f"--seed {seed} has {len(str(seed))} characters: give one of at most 64")
     if shard_tokens < 0 or workers < 0:
         raise PrepareError(f"--shard_tokens {shard_tokens} and --workers {workers} must be >= 0 (0: one file per "
                            "split, one worker per core)")

@@ -508,6 +508,10 @@ CASES = [
     Case("prepare shard_tokens<0", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{data}", "--overwrite", "--tokenizer", "char",
                                                        "--shard_tokens=-1"], r"--shard_tokens -1 and --workers 0 must be >= 0",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "hello world\n" * 100)),
+    Case("prepare seed past the split hash's key", "data/prepare.py",
+         ["--input", "{tmp}/a.txt", "--out_dir", "{tmp}/new", "--tokenizer", "char", "--seed=" + "9" * 65],
+         r"--seed 9+ has 65 characters: give one of at most 64", setup=lambda tmp, run, data: write(
+             os.path.join(tmp, "a.txt"), "some text\n" * 50)),
     Case("prepare val_fraction=0", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{data}", "--overwrite", "--tokenizer", "char",
                                                        "--val_fraction=0"], r"--val_fraction 0.0 is not in \(0, 1\)",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "hello world\n" * 100)),
