@@ -1036,6 +1036,16 @@ def test_whatever_stops_rank_0_in_its_own_check_stops_the_other_ranks_at_once(tm
                    for line in stderr[1].splitlines())
 
 
+def two_ranks(tmp_path, script: str) -> tuple[list[int], list[tuple[str, str]]]:
+    """Run a TWO_RANKS script as ranks 0 and 1: their exit codes and (stdout, stderr)."""
+    path = tmp_path / "two_ranks.py"
+    path.write_text(script.format(root=ROOT, store=tmp_path / "store"))
+    procs = [subprocess.Popen([sys.executable, str(path), str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=str(tmp_path)) for rank in (0, 1)]
+    outputs = [proc.communicate(timeout=100) for proc in procs]
+    return [proc.returncode for proc in procs], outputs
+
+
 RANKS_AGREE = TWO_RANKS + """
 from common import agreed_problem, leave_distributed
 print(agreed_problem("no C++ compiler on PATH" if rank == 1 else None, rank, 2))
@@ -1046,12 +1056,8 @@ leave_distributed(2)
 
 def test_a_problem_one_rank_meets_is_every_ranks(tmp_path):
     """A node that cannot compile makes every rank train eager, and rank 0, which reports, names it."""
-    script = tmp_path / "ranks_agree.py"
-    script.write_text(RANKS_AGREE.format(root=ROOT, store=tmp_path / "store"))
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=str(tmp_path)) for rank in (0, 1)]
-    outputs = [proc.communicate(timeout=100) for proc in procs]
-    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    codes, outputs = two_ranks(tmp_path, RANKS_AGREE)
+    assert codes == [0, 0], outputs
     assert [stdout for stdout, _ in outputs] == ["no C++ compiler on PATH (on rank 1)\nNone\n",
                                                  "no C++ compiler on PATH\nNone\n"]
 
@@ -1075,10 +1081,6 @@ leave_distributed(2)
 def test_a_stop_on_one_rank_drops_hellaswag_scoring_on_both_whatever_their_share_of_the_items(tmp_path):
     """The ranks agree on a stop every 10 items by an all-reduce, so each makes as many passes: 21 items on 2
     ranks, and a signal to rank 1 alone, seen at its check before the 11th item."""
-    script = tmp_path / "score_stops.py"
-    script.write_text(SCORE_STOPS.format(root=ROOT, store=tmp_path / "store"))
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=str(tmp_path)) for rank in (0, 1)]
-    outputs = [proc.communicate(timeout=100) for proc in procs]
-    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    codes, outputs = two_ranks(tmp_path, SCORE_STOPS)
+    assert codes == [0, 0], outputs
     assert [stdout for stdout, _ in outputs] == ["21\nNone\n", "21\nNone\n"]
