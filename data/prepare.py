@@ -317,6 +317,7 @@ def split_by_position(writers: dict, val_fraction: float) -> dict:
     train, val = (TokenWriter(olds[0].out_dir, split, olds[0].dtype, olds[0].shard_tokens) for split in ("train", "val"))
     try:
         move_tail(olds, train, val, val_fraction)
+        writers.update(train=train, val=val)  # here, so that a stop right after discards the new writers' files
     except BaseException:  # the files not yet moved are the old writers', which the caller discards
         train.discard()
         val.discard()
@@ -329,9 +330,9 @@ def move_tail(olds: list[TokenWriter], train: TokenWriter, val: TokenWriter, val
     of tokens val's."""
     first, *rest = [old for old in olds if old.files]
     for index, (name, count) in enumerate(zip(first.files, first.counts)):  # the first's files become train's
-        os.replace(os.path.join(first.out_dir, name + ".tmp"), os.path.join(train.out_dir, train.name(index) + ".tmp"))
-        train.files.append(train.name(index))
+        train.files.append(train.name(index))  # listed first: a stop between the two leaves no file unlisted
         train.counts.append(count)
+        os.replace(os.path.join(first.out_dir, name + ".tmp"), os.path.join(train.out_dir, train.name(index) + ".tmp"))
     if rest:  # the others' tokens go on their end, a chunk at a time, filling the last shard first
         train.handle = open(os.path.join(train.out_dir, train.files[-1] + ".tmp"), "ab")
         for old in rest:
@@ -633,13 +634,13 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
             val_share = splits["val"]["tokens"] / total
             if 0 in (splits["train"]["tokens"], splits["val"]["tokens"]) or val_share > max(0.5, 2 * val_fraction):
                 # a few large documents: whole ones cannot come near val_fraction, and may leave train almost none
-                how = (f"every document ({documents}) went to one split" if val_share in (0, 1) else
-                       f"the {documents} documents put {val_share:.0%} of the tokens in val")
+                how = (f"every document ({documents}) went to one split, so val is instead the last "
+                       if val_share in (0, 1) else f"the {documents} documents put {val_share:.0%} of the tokens in "
+                       "val, so val is instead (of the train documents' tokens, then the val documents') the last ")
                 writers = split_by_position(writers, val_fraction)
                 splits = {split: w.finish() for split, w in writers.items()}
                 print(("\n" if shown and live else "")
-                      + f"note: {how}, so val is instead the last {splits['val']['tokens']:,} tokens of the corpus "
-                      f"(val_fraction {val_fraction})", file=sys.stderr)
+                      + f"note: {how}{splits['val']['tokens']:,} tokens (val_fraction {val_fraction})", file=sys.stderr)
             meta = {"tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": np.dtype(dtype).name,
                     "eot_token": vocab_size - 1, "max_token_id": max_id, "splits": splits, "source": source}
             if tokenizer == "char":
