@@ -304,20 +304,27 @@ def on_rank0(fn, rank: int, world_size: int, share: bool = False):
     return result
 
 
+def first_of_ranks(message: str | None, world_size: int) -> tuple[int, str] | None:
+    """The lowest rank with a message (an error, a problem), and that message, on every rank; None when no rank has
+    one. A collective when world_size > 1: all ranks call it."""
+    messages = [message]
+    if world_size > 1:
+        import torch.distributed as dist
+        messages = [None] * world_size
+        dist.all_gather_object(messages, message)
+    return next(((r, m) for r, m in enumerate(messages) if m), None)
+
+
 def raise_held(failure: str | None, world_size: int):
     """Stop every process with the error one of them met before they joined the process group (failure: this
     process's, or None): the lowest failing rank's message, on every rank. Such errors are held till the join,
     since a process that stopped alone before it would leave the others, on other nodes, waiting to join until
     ddp_timeout. A collective when world_size > 1: all ranks call it."""
-    failures = [failure]
-    if world_size > 1:
-        import torch.distributed as dist
-        failures = [None] * world_size
-        dist.all_gather_object(failures, failure)
-    for r, message in enumerate(failures):
-        if message:  # only reads of out_dir fail on one rank but not rank 0: a node that sees another out_dir
-            raise UserError(message if r == 0 else f"{message} (on rank {r}, not on rank 0: every node must see "
-                            "out_dir, on a filesystem they share)")
+    first = first_of_ranks(failure, world_size)
+    if first:  # only reads of out_dir fail on one rank but not rank 0: a node that sees another out_dir
+        r, message = first
+        raise UserError(message if r == 0 else f"{message} (on rank {r}, not on rank 0: every node must see "
+                        "out_dir, on a filesystem they share)")
 
 
 def compile_problem(device: str) -> str | None:
@@ -341,12 +348,11 @@ def agreed_problem(problem: str | None, rank: int, world_size: int) -> str | Non
     """The first rank's problem (compile_problem's, say), on every rank, so that all of them do alike what it
     rules out: a node that cannot compile would otherwise train eager alone, and rank 0, which reports, would not
     know. Another rank's problem names that rank. A collective when world_size > 1: all ranks call it."""
-    if world_size == 1:
-        return problem
-    import torch.distributed as dist
-    problems = [None] * world_size
-    dist.all_gather_object(problems, problem)
-    return next((p if r == rank else f"{p} (on rank {r})" for r, p in enumerate(problems) if p), None)
+    first = first_of_ranks(problem, world_size)
+    if first is None:
+        return None
+    r, p = first
+    return p if r == rank else f"{p} (on rank {r})"
 
 
 def check_compile_mode(compile_mode: str, micro_steps: int, device_type: str):
