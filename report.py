@@ -34,6 +34,16 @@ def writing_run_files(out_dir: str, name: str, training: bool = True):
                         ) from None
 
 
+def foreign_config(out_dir: str) -> bool:
+    """Whether out_dir holds a config.json that no run wrote (a transformers model's, say), which a new run must not
+    write over. A run's holds its settings, max_iters and out_dir among them."""
+    try:
+        config = read_json(os.path.join(out_dir, "config.json"), "")
+    except (UserError, OSError):  # not JSON, or unreadable: not a run's either way
+        return True
+    return config is not None and not (isinstance(config, dict) and {"max_iters", "out_dir"} <= config.keys())
+
+
 def check_wandb(wandb_log: bool):
     """wandb_log=True needs wandb importable: said at the start, not after the data and model are ready."""
     if wandb_log:

@@ -45,7 +45,7 @@ from hf import has_weights
 from memory import check_fits, describe, free_bytes, largest_batch, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
-from report import Reporter, check_eval_file, check_wandb
+from report import Reporter, check_eval_file, check_wandb, foreign_config
 from sharding import full, full_state, shard
 from tokenizer import codec as codec_of, decodable_ids, encode_setting
 
@@ -391,6 +391,9 @@ if __name__ == "__main__":
                 raise UserError(f"out_dir {config['out_dir']} holds a transformers model (export.py's, say), whose "
                                 "config.json a run's would replace: choose another out_dir (a finetune of it keeps "
                                 "--init_from on that folder)")
+            if config["init_from"] != "resume" and foreign_config(config["out_dir"]):
+                raise UserError(f"out_dir {config['out_dir']} holds a config.json that no training run wrote, which a "
+                                "run's would replace: choose another out_dir, or move that file out of it")
             data_files = dataset_files_in(config["out_dir"]) if config["init_from"] != "resume" else []
             if data_files:
                 raise UserError(f"out_dir {config['out_dir']} holds a dataset ({', '.join(data_files[:3])}"

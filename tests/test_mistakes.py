@@ -269,6 +269,11 @@ CASES = [
          setup=lambda tmp, run, data: write(os.path.join(run, "metrics.csv"), "".join(
              ("x" + line[line.index(","):]) if i == 2 else line
              for i, line in enumerate(open(os.path.join(run, "metrics.csv")).readlines())))),
+    Case("out_dir holds another program's config.json", "train.py", [*TRAIN, "--out_dir={tmp}/hf"],
+         r"out_dir .*hf holds a config.json that no training run wrote, which a run's would replace: choose another "
+         r"out_dir, or move that file out of it$",
+         setup=lambda tmp, run, data: (os.makedirs(os.path.join(tmp, "hf")),
+                                       write(os.path.join(tmp, "hf", "config.json"), '{"model_type": "gpt2"}'))),
     Case("out_dir a dataset's folder", "train.py", [*TRAIN, "--out_dir={data}", "--overwrite=True"],
          r"out_dir .*data holds a dataset \(meta.json, train.bin, val.bin\): a run's files go in a folder of their own; "
          r"choose another out_dir$"),
