@@ -8,10 +8,11 @@ Tokenizes your own corpus into the token files that train.py reads:
 --input takes files, folders (searched recursively) and globs (`**` spans folders) of .txt (one document per
 file; files over 1 MB are cut into documents of 1 to 2 MB, at the first blank line past 1 MB, else at a line
 break), .jsonl (one JSON object per line, text in --text_field) and .parquet (needs pyarrow). Documents end
-with <|endoftext|>. Each document goes to val with probability --val_fraction, decided by a hash of its text,
-so the split does not depend on file order. When every document lands in one split, or val takes more than half
-the tokens and twice val_fraction (one or a few documents, such as a single .txt file of a few MB), the last
-val_fraction of the tokens are held out as val instead.
+with <|endoftext|>. A folder's other files (a README, compressed .jsonl.gz: decompress those) are named in a
+note and skipped; hidden folders below it (.git) are not searched. Each document goes to val with probability
+--val_fraction, decided by a hash of its text, so the split does not depend on file order. When every document
+lands in one split, or val takes more than half the tokens and twice val_fraction (one or a few documents,
+such as a single .txt file of a few MB), the last val_fraction of the tokens are held out as val instead.
 
 Writes {split}.bin, or {split}_000.bin, {split}_001.bin, ... with --shard_tokens, as uint16 when the
 vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files). A
@@ -55,31 +56,50 @@ class PrepareError(UserError):
 
 def list_files(inputs: list[str]) -> list[str]:
     """Every corpus file named by inputs (files, folders, globs; a folder a glob matches is searched too), sorted
-    within each input, each file once however many inputs name it (its documents would count twice)."""
-    files, seen = [], set()
+    within each input, each file once however many inputs name it (its documents would count twice). The other
+    files in the folders searched are skipped, and named in a note."""
+    files, seen, skipped = [], set(), []
     for item in inputs:
         if os.path.isfile(item):  # as it is, even where its name has glob characters: notes [draft].txt
-            found = [item]
+            found, searched = [item], []
         elif os.path.isdir(item):
-            found = sorted(walk_files(item))
+            found, searched = [], sorted(walk_files(item))
         else:  # ** spans folders
-            found = sorted(f for p in glob.glob(item, recursive=True)
-                           for f in (walk_files(p) if os.path.isdir(p) else [p] if os.path.isfile(p) else []))
+            matches = glob.glob(item, recursive=True)
+            found = sorted(p for p in matches if os.path.isfile(p))
+            searched = sorted(f for p in matches if os.path.isdir(p) for f in walk_files(p))
+        skipped += [f for f in searched if not corpus_kind(f)]
+        found = sorted({*found, *(f for f in searched if corpus_kind(f))})
         if not found:
-            raise PrepareError(f"--input {item} matches no {'/'.join(EXTENSIONS)} file")
+            raise PrepareError(f"--input {item} matches no {'/'.join(EXTENSIONS)} file" + compressed_hint(searched))
         for f in found:
             if os.path.realpath(f) not in seen:
                 seen.add(os.path.realpath(f))
                 files.append(f)
-    unsupported = [f for f in files if not f.endswith(EXTENSIONS)]
+    unsupported = [f for f in files if not corpus_kind(f)]
     if unsupported:
-        raise PrepareError(f"{unsupported[0]} is not .txt, .jsonl or .parquet")
+        raise PrepareError(f"{unsupported[0]} is not .txt, .jsonl or .parquet" + compressed_hint(unsupported[:1]))
+    if skipped:
+        print(f"note: skipped {len(skipped):,} files in the folders searched that are not .txt, .jsonl or .parquet ("
+              f"{', '.join(os.path.basename(f) for f in skipped[:3])}{', ...' if len(skipped) > 3 else ''})"
+              + compressed_hint(skipped), file=sys.stderr)
     return files
 
 
+def corpus_kind(path: str) -> str | None:
+    """The file's kind, one of EXTENSIONS, by its name whatever its case (C.TXT is .txt); None for any other."""
+    return next((ext for ext in EXTENSIONS if path.lower().endswith(ext)), None)
+
+
+def compressed_hint(paths: list[str]) -> str:
+    """What to do with the compressed files among paths, which prepare does not read: decompress them."""
+    packed = [p for p in paths if p.lower().endswith((".gz", ".zst", ".bz2", ".xz", ".zip"))]
+    return f"; {os.path.basename(packed[0])} is compressed: decompress such files first" if packed else ""
+
+
 def walk_files(folder: str) -> Iterator[str]:
-    """The corpus files under folder, through linked folders too (as a glob's ** goes), each folder once: a link
-    back up the tree would otherwise be walked forever."""
+    """Every file under folder, through linked folders too (as a glob's ** goes), each folder once: a link back up
+    the tree would otherwise be walked forever. Hidden folders below it (.git, .cache) are left out."""
     seen = set()
     for d, subdirs, names in os.walk(folder, followlinks=True):
         real = os.path.realpath(d)
@@ -87,7 +107,8 @@ def walk_files(folder: str) -> Iterator[str]:
             subdirs[:] = []
             continue
         seen.add(real)
-        yield from (os.path.join(d, f) for f in names if f.endswith(EXTENSIONS))
+        subdirs[:] = [s for s in subdirs if not s.startswith(".")]
+        yield from (os.path.join(d, f) for f in names)
 
 
 def split_paragraphs(chunks: Iterable[str], max_chars: int = TXT_PIECE_CHARS) -> Iterator[str]:
@@ -146,9 +167,9 @@ def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
     """The non-blank documents of each file in turn (see the module docstring for what a document is), read as
     they are needed: memory does not grow with the size of a file."""
     for path in files:
-        if path.endswith(".txt"):
+        if corpus_kind(path) == ".txt":
             yield from (doc for doc in split_paragraphs(read_chunks(path)) if doc.strip())
-        elif path.endswith(".jsonl"):
+        elif corpus_kind(path) == ".jsonl":
             with open(path, encoding="utf-8-sig", errors="strict") as f:  # a byte-order mark is no text
                 try:
                     for line_number, line in enumerate(f, 1):

@@ -199,6 +199,25 @@ def test_a_folder_a_glob_matches_is_searched_and_a_file_named_twice_is_read_once
         [str(tmp_path / p) for p in ("c/x.txt", "c/sub/y.txt")]  # not x.txt twice: its documents would count twice
 
 
+def test_a_folder_takes_its_corpus_files_whatever_their_case_and_names_the_files_it_skips(tmp_path, capsys):
+    for path in ("c/A.TXT", "c/b.jsonl", "c/c.jsonl.gz", "c/README.md", "c/.git/objects/x.txt"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text('{"text": "words"}' if ".jsonl" in path else "words")
+    assert prepare.list_files([str(tmp_path / "c")]) == [str(tmp_path / "c" / p) for p in ("A.TXT", "b.jsonl")]
+    assert capsys.readouterr().err == ("note: skipped 2 files in the folders searched that are not .txt, .jsonl or "
+                                       ".parquet (README.md, c.jsonl.gz); c.jsonl.gz is compressed: decompress such "
+                                       "files first\n")  # .git's files are not searched
+    assert list(prepare.iter_documents([str(tmp_path / "c" / "A.TXT")])) == ["words"]  # read as text, not parquet
+    (tmp_path / "c" / "A.TXT").unlink()
+    (tmp_path / "c" / "b.jsonl").unlink()
+    with pytest.raises(prepare.PrepareError, match=r"^--input .*c matches no .txt/.jsonl/.parquet file; c.jsonl.gz is "
+                                                   r"compressed: decompress such files first$"):
+        prepare.list_files([str(tmp_path / "c")])
+    with pytest.raises(prepare.PrepareError, match=r"c.jsonl.gz is not .txt, .jsonl or .parquet; c.jsonl.gz is "
+                                                   r"compressed"):
+        prepare.list_files([str(tmp_path / "c" / "c.jsonl.gz")])
+
+
 def test_a_file_is_taken_as_named_and_a_folder_through_its_links_each_folder_once(tmp_path):
     (tmp_path / "notes [draft].txt").write_text("words")  # [draft] would be a glob's character class
     assert prepare.list_files([str(tmp_path / "notes [draft].txt")]) == [str(tmp_path / "notes [draft].txt")]
