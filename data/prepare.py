@@ -209,8 +209,13 @@ def jsonl_text(line: str, text_field: str, where: str) -> str:
     except (ValueError, RecursionError) as e:  # bad JSON, a number past Python's digit limit, nesting past its depth
         raise PrepareError(f"{where}: not valid JSON ({str(e).split(':')[0] or type(e).__name__}): fix or drop that "
                            "line") from None
-    if not isinstance(record, dict) or text_field not in record:
-        raise PrepareError(f"{where}: not a JSON object with a '{text_field}' field (set --text_field)")
+    if not isinstance(record, dict):
+        raise PrepareError(f"{where}: a JSON {type(record).__name__}, not an object: each line must be one JSON object, "
+                           f"its text in a '{text_field}' field")
+    if text_field not in record:
+        fields = ", ".join(list(record)[:8]) + (", ..." if len(record) > 8 else "")
+        raise PrepareError(f"{where}: no '{text_field}' field (it has: {fields or 'none'}): set --text_field to the "
+                           "text's")
     text = record[text_field]
     if not isinstance(text, str):
         raise PrepareError(f"{where}: '{text_field}' is a {type(text).__name__}, not a string")

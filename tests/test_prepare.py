@@ -132,8 +132,12 @@ def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path):
     path = tmp_path / "dump.jsonl"
     path.write_text(json.dumps({"body": "hello world", "id": 1}) + "\n\n" + json.dumps({"body": "again"}) + "\n")
     assert list(prepare.iter_documents([str(path)], "body")) == ["hello world", "again"]
-    with pytest.raises(prepare.PrepareError, match="line 1: not a JSON object with a 'text' field"):
+    with pytest.raises(prepare.PrepareError, match=r"line 1: no 'text' field \(it has: body, id\): set --text_field"):
         list(prepare.iter_documents([str(path)], "text"))
+    path.write_text('["hello world"]\n')
+    with pytest.raises(prepare.PrepareError, match=r"line 1: a JSON list, not an object: each line must be one JSON "
+                                                   r"object, its text in a 'body' field$"):
+        list(prepare.iter_documents([str(path)], "body"))
     for line, problem in (('{"body": "x",', "Expecting property name"), ('{"body": "x", "id": ' + "9" * 5000 + "}",
                                                                           "digits"), ("[" * 100_000, "recursion depth")):
         path.write_text(line + "\n")  # a torn line, an integer past Python's digit limit, nesting past its depth
