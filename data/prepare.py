@@ -202,29 +202,37 @@ def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
 
 
 def jsonl_text(line: str, text_field: str, where: str) -> str:
-    """The text of one jsonl line; a PrepareError naming `where` when the line is not a JSON object with a string
-    text_field, or the string holds a lone surrogate ("\\ud800"), which is no text."""
+    """The text of one jsonl line ("" for a null); a PrepareError naming `where` when the line is not a JSON object
+    with a string text_field, or the string holds a lone surrogate ("\\ud800"), which is no text."""
     try:
         record = json.loads(line)
     except (ValueError, RecursionError) as e:  # bad JSON, a number past Python's digit limit, nesting past its depth
         raise PrepareError(f"{where}: not valid JSON ({str(e).split(':')[0] or type(e).__name__}): fix or drop that "
                            "line") from None
     if not isinstance(record, dict):
-        raise PrepareError(f"{where}: a JSON {type(record).__name__}, not an object: each line must be one JSON object, "
+        raise PrepareError(f"{where}: a JSON {json_type(record)}, not an object: each line must be one JSON object, "
                            f"its text in a '{text_field}' field")
     if text_field not in record:
         fields = ", ".join(list(record)[:8]) + (", ..." if len(record) > 8 else "")
         raise PrepareError(f"{where}: no '{text_field}' field (it has: {fields or 'none'}): set --text_field to the "
                            "text's")
     text = record[text_field]
+    if text is None:  # no text, as a parquet null: skipped
+        return ""
     if not isinstance(text, str):
-        raise PrepareError(f"{where}: '{text_field}' is a {type(text).__name__}, not a string")
+        raise PrepareError(f"{where}: '{text_field}' is a JSON {json_type(text)}, not a string")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise PrepareError(f"{where}: '{text_field}' holds a lone surrogate escape such as \\ud800, which is no "
                            "character: fix or drop that line") from None
     return text
+
+
+def json_type(value) -> str:
+    """value's type by JSON's names (array, number), as a user who wrote the file knows them."""
+    names = {list: "array", dict: "object", str: "string", bool: "boolean", int: "number", float: "number"}
+    return names.get(type(value), "null")
 
 
 def goes_to_val(text: str, val_fraction: float, seed: int) -> bool:

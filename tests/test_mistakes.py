@@ -521,7 +521,7 @@ CASES = [
                                                        "--val_fraction=0"], r"--val_fraction 0.0 is not in \(0, 1\)",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "a.txt"), "hello world\n" * 100)),
     Case("prepare jsonl not a string", "data/prepare.py", ["--input", "{tmp}/d.jsonl", "--out_dir", "{data}", "--overwrite", "--tokenizer",
-                                                           "char"], r"d.jsonl line 2: 'text' is a int, not a string",
+                                                           "char"], r"d.jsonl line 2: 'text' is a JSON number, not a string",
          setup=lambda tmp, run, data: write(os.path.join(tmp, "d.jsonl"), '{"text": "fine"}\n{"text": 7}\n')),
     Case("prepare one small file", "data/prepare.py", ["--input", "{tmp}/one.txt", "--out_dir", "{tmp}/one", "--tokenizer",
                                                         "char"], None,  # handled: one document, cut by position

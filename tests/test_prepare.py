@@ -134,8 +134,10 @@ def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path):
     assert list(prepare.iter_documents([str(path)], "body")) == ["hello world", "again"]
     with pytest.raises(prepare.PrepareError, match=r"line 1: no 'text' field \(it has: body, id\): set --text_field"):
         list(prepare.iter_documents([str(path)], "text"))
+    path.write_text('{"body": null}\n{"body": "kept"}\n')  # no text, as a parquet null is: skipped, not an error
+    assert list(prepare.iter_documents([str(path)], "body")) == ["kept"]
     path.write_text('["hello world"]\n')
-    with pytest.raises(prepare.PrepareError, match=r"line 1: a JSON list, not an object: each line must be one JSON "
+    with pytest.raises(prepare.PrepareError, match=r"line 1: a JSON array, not an object: each line must be one JSON "
                                                    r"object, its text in a 'body' field$"):
         list(prepare.iter_documents([str(path)], "body"))
     for line, problem in (('{"body": "x",', "Expecting property name"), ('{"body": "x", "id": ' + "9" * 5000 + "}",
