@@ -222,6 +222,18 @@ def has_weights(folder: str) -> bool:
     return any(os.path.isfile(os.path.join(folder, w)) for w in WEIGHT_FILES)
 
 
+def cached_first(load, name: str, **kwargs):
+    """load(name, **kwargs) (a transformers from_pretrained) from the hub's local cache where the files are there,
+    else from the hub: a model downloaded once loads with no network, where transformers would first ask the hub
+    for a newer copy, and on a node without network wait on its retries."""
+    if os.path.isdir(name):
+        return load(name, **kwargs)
+    try:
+        return load(name, local_files_only=True, **kwargs)
+    except OSError:  # not in the cache (transformers' EnvironmentError)
+        return load(name, **kwargs)
+
+
 def load(name: str, dropout: float = 0.0) -> GPT:
     """A GPT-2 from the hub by name (PRETRAINED), or the GPT-2 or LLaMA model in a folder that transformers'
     save_pretrained (or export.py) wrote."""
@@ -245,12 +257,12 @@ def load(name: str, dropout: float = 0.0) -> GPT:
                         "index): copy the whole folder that export.py or save_pretrained wrote")
     tf = transformers_module()
     try:
-        kind = tf.AutoConfig.from_pretrained(name).model_type
+        kind = cached_first(tf.AutoConfig.from_pretrained, name).model_type
         cls = {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM}.get(kind)
         if cls is None:
             raise UserError(f"{name} holds a transformers {kind!r} model: only GPT-2 and LLaMA models load")
         with no_progress_bars():
-            hf_model, info = cls.from_pretrained(name, output_loading_info=True)
+            hf_model, info = cached_first(cls.from_pretrained, name, output_loading_info=True)
     except UserError:
         raise
     except Exception as e:  # a damaged file in the folder (an OSError too, from transformers), or no network

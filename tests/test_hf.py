@@ -2,6 +2,10 @@
 checkpoints as init_from, nanoGPT checkpoints sampled directly."""
 import json
 import os
+import socket
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -9,7 +13,7 @@ import torch
 
 from checkpoint import load_pretrained, load_trained
 from common import UserError
-from conftest import favour_padding, gpt2_rank_file, read_metrics, run_script, tiny_args
+from conftest import ROOT, favour_padding, gpt2_rank_file, read_metrics, run_script, tiny_args
 
 transformers = pytest.importorskip("transformers")  # a test dependency (requirements-dev.txt), optional for users
 import hf  # noqa: E402  (after the skip: hf.py imports transformers lazily, but its tests need it)
@@ -511,3 +515,33 @@ def test_a_file_that_is_no_checkpoint_is_refused(tmp_path):
     torch.save({"weights": torch.zeros(2)}, tmp_path / "x.pt")
     with pytest.raises(UserError, match="is not a checkpoint of this trainer or nanoGPT"):
         load_trained(str(tmp_path / "x.pt"), "")
+
+
+def test_a_hub_model_in_the_local_cache_loads_without_asking_the_hub(tmp_path):
+    """init_from=gpt2 downloaded once loads from the cache with no request: on a node without network,
+    transformers would first retry the hub. The hub here is a local socket that counts its connections."""
+    snapshot = tmp_path / "hub" / "models--gpt2" / "snapshots" / ("0" * 40)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32)
+                                 ).save_pretrained(snapshot)
+    (tmp_path / "hub" / "models--gpt2" / "refs").mkdir()
+    (tmp_path / "hub" / "models--gpt2" / "refs" / "main").write_text("0" * 40)
+    hub, connections = socket.create_server(("127.0.0.1", 0)), []
+
+    def answer():
+        while True:
+            try:
+                conn, _ = hub.accept()
+            except OSError:  # closed: the test is over
+                return
+            connections.append(conn)
+            conn.close()  # no answer: the client falls back to its cache, or fails
+    threading.Thread(target=answer, daemon=True).start()
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}"}
+    env.pop("HF_HUB_OFFLINE", None)
+    try:
+        result = subprocess.run([sys.executable, "-c", "import hf; print(hf.load('gpt2').config.n_layer)"], cwd=ROOT,
+                                env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        hub.close()
+    assert result.returncode == 0 and result.stdout == "1\n", result.stderr
+    assert connections == []
