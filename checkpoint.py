@@ -16,7 +16,7 @@ import torch.distributed as dist
 from common import UserError, atomic_write, plural, replace_durably
 import hf
 from dataset import declared_vocab, find_dataset
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, said_one_way
 from sharding import load_optimizer_state, load_state
 from tokenizer import decodable_ids
 
@@ -356,8 +356,11 @@ def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str
     the keys set by a flag or config file, see configurator.configure), must agree with those of the model a run
     resumes (source '') or starts from (source: its init_from; train.py checks block_size then)."""
     saved = architecture(model_args)
-    keys = [k for k in saved if k in config and (config[k] != defaults[k] or k in given) and config[k] != saved[k]
-            and not (source and k == "block_size")]  # a model started from: its context may be cropped
+    asked = {k: config[k] for k in saved if k in config and (config[k] != defaults[k] or k in given)
+             and not (source and k == "block_size")}  # a model started from: its context may be cropped
+    # compared as said one way: n_kv_head=4 of 4 heads is the n_kv_head=0 that an export reads back
+    theirs, mine = said_one_way(saved), said_one_way({**saved, **asked})
+    keys = [k for k in asked if mine[k] != theirs[k]]
     clashes = [f"{k}={config[k]!r} ({source or 'checkpoint'}: {saved[k]!r})" for k in keys]
     flags = " ".join(f"--{k}={saved[k]}" for k in keys)  # the model's own, for settings a config file sets
     if clashes and not source:  # the settings may come from a config file, where dropping them is no answer

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from common import UserError, read_json
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, said_one_way
 from tokenizer import EOT, char_eot, decodable_ids, gpt2_encoding
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 sizes on the Hugging Face hub
@@ -199,10 +199,7 @@ def from_transformers(hf_model, dropout: float = 0.0) -> GPT:
         state.update({ours: torch.cat([sd[name] for name in theirs]) for ours, theirs, _ in llama_fused(config)})
     else:
         raise UserError(f"transformers model type {hf.model_type!r} is not supported: use a GPT-2 or LLaMA model")
-    if config.mlp_hidden == dataclasses.replace(config, mlp_hidden=0).hidden:
-        config.mlp_hidden = 0  # the default width, said the way a config file would say it
-    if config.n_kv_head == config.n_head:
-        config.n_kv_head = 0
+    config = GPTConfig(**said_one_way(dataclasses.asdict(config)))  # as a config file would say it
     model = GPT(config)
     if config.tie_embeddings:
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}

@@ -65,11 +65,28 @@ class GPTConfig:
 
     @property
     def hidden(self) -> int:
-        if self.mlp_hidden:
-            return self.mlp_hidden
-        if self.mlp == "swiglu":  # three matrices instead of two: 2/3 of the width keeps the parameter count
-            return 64 * math.ceil(8 * self.n_embd / 3 / 64)
-        return 4 * self.n_embd
+        return self.mlp_hidden or default_hidden(self.n_embd, self.mlp)
+
+
+def default_hidden(n_embd: int, mlp: str) -> int:
+    """The MLP's hidden width when mlp_hidden is 0."""
+    if mlp == "swiglu":  # three matrices instead of two: 2/3 of the width keeps the parameter count
+        return 64 * math.ceil(8 * n_embd / 3 / 64)
+    return 4 * n_embd
+
+
+def said_one_way(args: dict) -> dict:
+    """Model settings (GPTConfig's fields; a dict, unchecked) with the values that make the same model said one way,
+    as a config file says them: n_kv_head equal to n_head is 0, mlp_hidden at its default width is 0, and rope_theta,
+    which learned positions do not use, is its default. Two models are alike when these agree."""
+    args = dict(args)
+    if args["n_kv_head"] == args["n_head"]:
+        args["n_kv_head"] = 0
+    if args["mlp_hidden"] == default_hidden(args["n_embd"], args["mlp"]):
+        args["mlp_hidden"] = 0
+    if args["pos_emb"] != "rope":
+        args["rope_theta"] = GPTConfig.rope_theta
+    return args
 
 
 class LayerNorm(nn.Module):

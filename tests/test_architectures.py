@@ -52,6 +52,26 @@ def test_swiglu_width_follows_the_usual_rule_and_can_be_set():
     assert GPTConfig(n_embd=128, n_head=4).hidden == 512
 
 
+def test_settings_that_make_the_same_model_are_one_shape_to_a_resume_or_a_start():
+    """n_kv_head = n_head, mlp_hidden at its default width and rope_theta with learned positions build the model
+    their defaults build: a resume or a start from the model (its export reads them back as 0) takes them."""
+    import dataclasses
+
+    from checkpoint import check_same_shape
+    from common import UserError
+    saved = dataclasses.asdict(config(mlp="swiglu", n_embd=128))  # 4 heads, n_kv_head 0, mlp_hidden 0: 384 wide
+    defaults = dataclasses.asdict(GPTConfig())
+    for same in (dict(n_kv_head=4), dict(mlp_hidden=384), dict(rope_theta=5e5), dict(n_kv_head=4, mlp_hidden=384)):
+        check_same_shape(saved, {**defaults, **saved, **same}, defaults, given=set(same))
+        check_same_shape(saved, {**defaults, **saved, **same}, defaults, "export", given=set(same))
+    for other in (dict(n_kv_head=2), dict(mlp_hidden=320), dict(mlp_hidden=384, mlp="gelu")):
+        with pytest.raises(UserError, match="another model shape: " + ".*".join(f"{k}=" for k in sorted(other))):
+            check_same_shape(saved, {**defaults, **saved, **other}, defaults, given=set(other))
+    rotary = {**saved, "pos_emb": "rope"}  # where positions are rotary, their base is the model's
+    with pytest.raises(UserError, match=r"another shape: rope_theta=500000.0 \(export: 10000.0\)"):
+        check_same_shape(rotary, {**defaults, **rotary, "rope_theta": 5e5}, defaults, "export", given={"rope_theta"})
+
+
 def test_rotary_scores_depend_only_on_the_offset_between_positions():
     c = config(pos_emb="rope")
     cos, sin = rope_tables(c, 64)

@@ -387,6 +387,21 @@ def test_a_schedule_that_decay_lr_false_leaves_unused_is_named(char_data, tmp_pa
     assert len({row["lr"] for row in read_metrics(out) if row["lr"]}) == 1  # as it says: one rate throughout
 
 
+def test_settings_that_leave_the_model_as_it_is_resume_and_an_unused_rope_theta_is_named(char_data, tmp_path):
+    """n_kv_head = n_head and mlp_hidden at its default width are the run's own model: a resume (or the command that
+    trained it) takes them. rope_theta with learned positions changes nothing, and is named as unused."""
+    out = str(tmp_path / "out")
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=2, eval_interval=2), "--rope_theta=5e5",
+                        cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "warning: rope_theta is not used: the model's positions are learned, not rotary (pos_emb='rope')" \
+        in result.stderr
+    result = run_script("train.py", *tiny_args(char_data, out, max_iters=4, eval_interval=2), "--init_from=resume",
+                        "--n_kv_head=2", "--mlp_hidden=128", "--rope_theta=500", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert [row["iter"] for row in read_metrics(out) if row["val_loss"]] == ["0", "2", "4"]
+
+
 def test_help_shows_every_key_that_the_gpt2_config_sets(tmp_path):
     import ast
     result = run_script("train.py", "--help", cwd=str(tmp_path))
