@@ -170,3 +170,17 @@ def test_generation_samples_only_ids_the_tokenizer_decodes():
         held = model.generate(prompt, 60, generator=torch.Generator().manual_seed(0), use_cache=use_cache, n_tokens=65)
         assert free.max() >= 65 and held.max() < 65  # an untrained model puts half its mass past 65
         assert model.generate(prompt, 20, temperature=0, use_cache=use_cache, n_tokens=65).max() < 65
+
+
+def test_generation_refuses_arguments_it_cannot_honour_by_name():
+    model = GPT(config(pos_emb="rope")).eval()
+    prompt = torch.zeros(2, 3, dtype=torch.long)
+    for kwargs, named in ((dict(top_k=0), "top_k 0"), (dict(top_k=-1), "top_k -1"), (dict(n_tokens=0), "n_tokens 0"),
+                          (dict(temperature=-1.0), "temperature -1.0"),
+                          (dict(temperature=float("nan")), "temperature nan"),
+                          (dict(max_new_tokens=-1), "max_new_tokens -1"), (dict(idx=prompt[:, :0]), "prompt length 0"),
+                          (dict(idx=prompt[0]), r"idx of shape \(3,\)")):
+        with pytest.raises(ValueError, match=rf"^generate got {named}: it takes idx of shape \(B, T\)"):
+            model.generate(**{"idx": prompt, "max_new_tokens": 2, **kwargs})
+    assert model.generate(prompt, 0).equal(prompt)
+    assert model.generate(prompt, 2, top_k=1).shape == (2, 5)
