@@ -80,6 +80,10 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
             hf_model.save_pretrained(staged)
         tokenizer = write_tokenizer(vocab, model.config.vocab_size, staged)
         files = sorted(os.listdir(staged))
+        umask = os.umask(0)
+        os.umask(umask)
+        for name in files:  # transformers writes the weights through a private temporary file (0600): a folder to
+            os.chmod(os.path.join(staged, name), 0o666 & ~umask)  # share takes the permissions any file would
         with signals_deferred():  # a Ctrl-C between the two renames would delete the earlier export with tmp
             if os.path.exists(folder):  # moved aside, not deleted, until the new folder is in place
                 os.replace(folder, os.path.join(tmp, "old"))

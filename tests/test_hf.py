@@ -56,6 +56,17 @@ def test_exported_folder_loads_in_transformers_with_our_logits(tmp_path, arch, c
     assert (logits_of(model, idx) - theirs).abs().max() < 1e-5
 
 
+def test_an_exported_folders_files_take_the_umasks_permissions(tmp_path):
+    """A folder exported to share (a group's disk): its weights as readable as its other files."""
+    umask = os.umask(0o027)
+    try:
+        export(random_model(), {"tokenizer": "char", "chars": "abcdefghij"}, str(tmp_path / "hf"), "float32", False)
+    finally:
+        os.umask(umask)
+    modes = {name: oct(os.stat(tmp_path / "hf" / name).st_mode & 0o777) for name in os.listdir(tmp_path / "hf")}
+    assert "model.safetensors" in modes and set(modes.values()) == {"0o640"}, modes
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_an_export_in_16_bits_stores_and_loads_16_bit_weights(tmp_path, dtype):
     model = random_model()
