@@ -360,7 +360,7 @@ def check_same_shape(model_args: dict, config: dict, defaults: dict, source: str
              and not (source and k == "block_size")}  # a model started from: its context may be cropped
     # compared as said one way: n_kv_head=4 of 4 heads is the n_kv_head=0 that an export reads back
     theirs, mine = said_one_way(saved), said_one_way({**saved, **asked})
-    keys = [k for k in asked if mine[k] != theirs[k]]
+    keys = [k for k in asked if asked[k] != saved[k] and mine[k] != theirs[k]]
     clashes = [f"{k}={config[k]!r} ({source or 'checkpoint'}: {saved[k]!r})" for k in keys]
     flags = " ".join(f"--{k}={saved[k]}" for k in keys)  # the model's own, for settings a config file sets
     if clashes and not source:  # the settings may come from a config file, where dropping them is no answer

@@ -67,6 +67,10 @@ def test_settings_that_make_the_same_model_are_one_shape_to_a_resume_or_a_start(
     for other in (dict(n_kv_head=2), dict(mlp_hidden=320), dict(mlp_hidden=384, mlp="gelu")):
         with pytest.raises(UserError, match="another model shape: " + ".*".join(f"{k}=" for k in sorted(other))):
             check_same_shape(saved, {**defaults, **saved, **other}, defaults, given=set(other))
+    gqa = {**saved, "n_kv_head": 2}  # a setting given as the model has it is no clash, whatever else is
+    with pytest.raises(UserError, match=r"another model shape: n_head=2 \(checkpoint: 4\); give the checkpoint's "
+                                        r"\(--n_head=4\)"):
+        check_same_shape(gqa, {**defaults, **gqa, "n_head": 2}, defaults, given={"n_head", "n_kv_head"})
     rotary = {**saved, "pos_emb": "rope"}  # where positions are rotary, their base is the model's
     with pytest.raises(UserError, match=r"another shape: rope_theta=500000.0 \(export: 10000.0\)"):
         check_same_shape(rotary, {**defaults, **rotary, "rope_theta": 5e5}, defaults, "export", given={"rope_theta"})
