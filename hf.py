@@ -219,16 +219,13 @@ def has_weights(folder: str) -> bool:
     return any(os.path.isfile(os.path.join(folder, w)) for w in WEIGHT_FILES)
 
 
-def cached_first(load, name: str, **kwargs):
-    """load(name, **kwargs) (a transformers from_pretrained) from the hub's local cache where the files are there,
-    else from the hub: a model downloaded once loads with no network, where transformers would first ask the hub
-    for a newer copy, and on a node without network wait on its retries."""
-    if os.path.isdir(name):
-        return load(name, **kwargs)
-    try:
-        return load(name, local_files_only=True, **kwargs)
-    except OSError:  # not in the cache (transformers' EnvironmentError)
-        return load(name, **kwargs)
+def cached_copy(name: str) -> str | None:
+    """The folder of the hub's local copy of the model `name` (its config and weights), or None: a model downloaded
+    once loads from there, where transformers would first ask the hub for a newer copy, and on a node without
+    network wait on its retries."""
+    from huggingface_hub import try_to_load_from_cache
+    config = try_to_load_from_cache(name, "config.json")  # a path where cached; None or a marker where not
+    return os.path.dirname(config) if isinstance(config, str) and has_weights(os.path.dirname(config)) else None
 
 
 def load(name: str, dropout: float = 0.0) -> GPT:
@@ -253,16 +250,21 @@ def load(name: str, dropout: float = 0.0) -> GPT:
         raise UserError(f"{name} has a config.json but no weights ({', '.join(WEIGHT_FILES[::2])} or their sharded "
                         "index): copy the whole folder that export.py or save_pretrained wrote")
     tf = transformers_module()
+    source = name if os.path.isdir(name) else cached_copy(name) or name
     try:
-        kind = cached_first(tf.AutoConfig.from_pretrained, name).model_type
+        kind = tf.AutoConfig.from_pretrained(source).model_type
         cls = {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM}.get(kind)
         if cls is None:
             raise UserError(f"{name} holds a transformers {kind!r} model: only GPT-2 and LLaMA models load")
         with no_progress_bars():
-            hf_model, info = cached_first(cls.from_pretrained, name, output_loading_info=True)
+            hf_model, info = cls.from_pretrained(source, output_loading_info=True)
     except UserError:
         raise
     except Exception as e:  # a damaged file in the folder (an OSError too, from transformers), or no network
+        if source != name:  # the hub's copy: a download cut short, say
+            raise UserError(f"could not read the hub's cached copy of {name} in {source} ({e.__class__.__name__}: "
+                            f"{str(e)[:200]}): it is damaged; delete {os.path.dirname(os.path.dirname(source))} and "
+                            "load it again where there is network") from e
         if isinstance(e, OSError) and not os.path.isdir(name):
             raise UserError(f"could not load '{name}' ({e.__class__.__name__}): without network access, save the "
                             "model on a machine that has it (GPT2LMHeadModel.from_pretrained(name).save_pretrained("

@@ -530,7 +530,8 @@ def test_a_file_that_is_no_checkpoint_is_refused(tmp_path):
 
 def test_a_hub_model_in_the_local_cache_loads_without_asking_the_hub(tmp_path):
     """init_from=gpt2 downloaded once loads from the cache with no request: on a node without network,
-    transformers would first retry the hub. The hub here is a local socket that counts its connections."""
+    transformers would first retry the hub; a damaged copy is named as such. The hub here is a local socket that
+    counts its connections."""
     snapshot = tmp_path / "hub" / "models--gpt2" / "snapshots" / ("0" * 40)
     transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32)
                                  ).save_pretrained(snapshot)
@@ -549,10 +550,17 @@ def test_a_hub_model_in_the_local_cache_loads_without_asking_the_hub(tmp_path):
     threading.Thread(target=answer, daemon=True).start()
     env = {**os.environ, "HF_HOME": str(tmp_path), "HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}"}
     env.pop("HF_HUB_OFFLINE", None)
+
+    def load():
+        return subprocess.run([sys.executable, "-c", "import hf; print(hf.load('gpt2').config.n_layer)"], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=120)
     try:
-        result = subprocess.run([sys.executable, "-c", "import hf; print(hf.load('gpt2').config.n_layer)"], cwd=ROOT,
-                                env=env, capture_output=True, text=True, timeout=120)
+        loaded = load()
+        (snapshot / "config.json").write_text("{torn")  # a damaged copy is named as one, not fetched again
+        damaged = load()
     finally:
         hub.close()
-    assert result.returncode == 0 and result.stdout == "1\n", result.stderr
+    assert loaded.returncode == 0 and loaded.stdout == "1\n", loaded.stderr
+    assert f"could not read the hub's cached copy of gpt2 in {snapshot}" in damaged.stderr
+    assert f"it is damaged; delete {tmp_path / 'hub' / 'models--gpt2'} and load it again" in damaged.stderr
     assert connections == []
