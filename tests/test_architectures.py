@@ -183,7 +183,7 @@ def test_generation_refuses_arguments_it_cannot_honour_by_name():
                           (dict(temperature=-1.0), "temperature -1.0"),
                           (dict(temperature=float("nan")), "temperature nan"),
                           (dict(max_new_tokens=-1), "max_new_tokens -1"), (dict(idx=prompt[:, :0]), "prompt length 0"),
-                          (dict(idx=prompt[0]), r"idx of shape \(3,\)")):
+                          (dict(idx=prompt[0]), r"idx of shape \(3,\)"), (dict(idx=prompt[0, 0]), r"idx of shape \(\)")):
         with pytest.raises(ValueError, match=rf"^generate got {named}: it takes idx of shape \(B, T\)"):
             model.generate(**{"idx": prompt, "max_new_tokens": 2, **kwargs})
     assert model.generate(prompt, 0).equal(prompt)
