@@ -8,11 +8,12 @@ Tokenizes your own corpus into the token files that train.py reads:
 --input takes files, folders (searched recursively) and globs (`**` spans folders) of .txt (one document per
 file; files over 1 MB are cut into documents of 1 to 2 MB, at the first blank line past 1 MB, else at a line
 break), .jsonl (one JSON object per line, text in --text_field) and .parquet (needs pyarrow). Documents end
-with <|endoftext|>. A folder's other files (a README, compressed .jsonl.gz: decompress those) are named in a
-note and skipped; hidden folders below it (.git) are not searched. Each document goes to val with probability
---val_fraction, decided by a hash of its text, so the split does not depend on file order. When every document
-lands in one split, or val takes more than half the tokens and twice val_fraction (one or a few documents,
-such as a single .txt file of a few MB), the last val_fraction of the tokens are held out as val instead.
+with <|endoftext|>. The other files a folder or glob holds (a README, compressed .jsonl.gz: decompress those)
+are named in a note and skipped; hidden folders below a folder (.git) are not searched. Each document goes to
+val with probability --val_fraction, decided by a hash of its text, so the split does not depend on file
+order. When every document lands in one split, or val takes more than half the tokens and twice val_fraction
+(one or a few documents, such as a single .txt file of a few MB), the last val_fraction of the tokens are held
+out as val instead.
 
 Writes {split}.bin, or {split}_000.bin, {split}_001.bin, ... with --shard_tokens, as uint16 when the
 vocabulary fits and uint32 when not, and meta.json (tokenizer, vocab_size, dtype, token counts, files). A
@@ -40,7 +41,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
-from common import NO_LOCKS, UserError, signals_deferred  # noqa: E402
+from common import NO_LOCKS, UserError, plural, signals_deferred  # noqa: E402
 from dataset import dataset_files_in, read_meta, run_files_in, staged_meta_pkl, token_file_split, write_meta  # noqa: E402
 from tokenizer import EOT, encoding_from_bytes, gpt2_encoding, rank_file_bytes  # noqa: E402
 
@@ -57,31 +58,31 @@ class PrepareError(UserError):
 def list_files(inputs: list[str]) -> list[str]:
     """Every corpus file named by inputs (files, folders, globs; a folder a glob matches is searched too), sorted
     within each input, each file once however many inputs name it (its documents would count twice). The other
-    files in the folders searched are skipped, and named in a note."""
-    files, seen, skipped = [], set(), []
+    files that folders and globs hold are skipped, and named in a note; a file named as it is must be one."""
+    files, skipped, seen = [], [], set()
     for item in inputs:
         if os.path.isfile(item):  # as it is, even where its name has glob characters: notes [draft].txt
-            found, searched = [item], []
-        elif os.path.isdir(item):
-            found, searched = [], sorted(walk_files(item))
-        else:  # ** spans folders
-            matches = glob.glob(item, recursive=True)
-            found = sorted(p for p in matches if os.path.isfile(p))
-            searched = sorted(f for p in matches if os.path.isdir(p) for f in walk_files(p))
-        skipped += [f for f in searched if not corpus_kind(f)]
-        found = sorted({*found, *(f for f in searched if corpus_kind(f))})
+            if not corpus_kind(item):
+                raise PrepareError(f"{item} is not .txt, .jsonl or .parquet" + compressed_hint([item]))
+            found, others = [item], []
+        else:  # a folder, or a glob (** spans folders) of files and folders
+            matches = [item] if os.path.isdir(item) else glob.glob(item, recursive=True)
+            found = sorted({f for p in matches
+                            for f in (walk_files(p) if os.path.isdir(p) else [p] if os.path.isfile(p) else [])})
+            others = [f for f in found if not corpus_kind(f)]
+            found = [f for f in found if corpus_kind(f)]
         if not found:
-            raise PrepareError(f"--input {item} matches no {'/'.join(EXTENSIONS)} file" + compressed_hint(searched))
+            raise PrepareError(f"--input {item} matches no {'/'.join(EXTENSIONS)} file" + compressed_hint(others)
+                               + (" (hidden folders such as .git are not searched)" if os.path.isdir(item) else ""))
+        skipped += others
         for f in found:
             if os.path.realpath(f) not in seen:
                 seen.add(os.path.realpath(f))
                 files.append(f)
-    unsupported = [f for f in files if not corpus_kind(f)]
-    if unsupported:
-        raise PrepareError(f"{unsupported[0]} is not .txt, .jsonl or .parquet" + compressed_hint(unsupported[:1]))
+    skipped = sorted({os.path.realpath(f): f for f in skipped}.values())  # each once, as files are
     if skipped:
-        print(f"note: skipped {len(skipped):,} files in the folders searched that are not .txt, .jsonl or .parquet ("
-              f"{', '.join(os.path.basename(f) for f in skipped[:3])}{', ...' if len(skipped) > 3 else ''})"
+        print(f"note: skipped {plural(len(skipped), 'file')} that {'is' if len(skipped) == 1 else 'are'} not .txt, "
+              f".jsonl or .parquet ({', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''})"
               + compressed_hint(skipped), file=sys.stderr)
     return files
 
@@ -93,7 +94,7 @@ def corpus_kind(path: str) -> str | None:
 
 def compressed_hint(paths: list[str]) -> str:
     """What to do with the compressed files among paths, which prepare does not read: decompress them."""
-    packed = [p for p in paths if p.lower().endswith((".gz", ".zst", ".bz2", ".xz", ".zip"))]
+    packed = [p for p in paths if p.lower().endswith((".gz", ".tgz", ".zst", ".zstd", ".bz2", ".xz", ".lz4", ".zip"))]
     return f"; {os.path.basename(packed[0])} is compressed: decompress such files first" if packed else ""
 
 

@@ -206,22 +206,29 @@ def test_a_folder_a_glob_matches_is_searched_and_a_file_named_twice_is_read_once
 
 
 def test_a_folder_takes_its_corpus_files_whatever_their_case_and_names_the_files_it_skips(tmp_path, capsys):
-    for path in ("c/A.TXT", "c/b.jsonl", "c/c.jsonl.gz", "c/README.md", "c/.git/objects/x.txt"):
+    for path in ("c/A.TXT", "c/b.jsonl", "c/c.jsonl.gz", "c/README.md", "c/sub/README.md", "c/.git/objects/x.txt"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text('{"text": "words"}' if ".jsonl" in path else "words")
-    assert prepare.list_files([str(tmp_path / "c")]) == [str(tmp_path / "c" / p) for p in ("A.TXT", "b.jsonl")]
-    assert capsys.readouterr().err == ("note: skipped 2 files in the folders searched that are not .txt, .jsonl or "
-                                       ".parquet (README.md, c.jsonl.gz); c.jsonl.gz is compressed: decompress such "
+    c = tmp_path / "c"
+    # named twice, and by a glob: each file once, and each skipped one named once
+    assert prepare.list_files([str(c), str(c), str(c / "*")]) == [str(c / "A.TXT"), str(c / "b.jsonl")]
+    assert capsys.readouterr().err == (f"note: skipped 3 files that are not .txt, .jsonl or .parquet ({c}/README.md, "
+                                       f"{c}/c.jsonl.gz, {c}/sub/README.md); c.jsonl.gz is compressed: decompress such "
                                        "files first\n")  # .git's files are not searched
-    assert list(prepare.iter_documents([str(tmp_path / "c" / "A.TXT")])) == ["words"]  # read as text, not parquet
-    (tmp_path / "c" / "A.TXT").unlink()
-    (tmp_path / "c" / "b.jsonl").unlink()
+    assert list(prepare.iter_documents([str(c / "A.TXT")])) == ["words"]  # read as text, not parquet
+    (c / "sub" / "more.txt").write_text("words")
+    prepare.list_files([str(c / "sub" / "*")])
+    assert capsys.readouterr().err.startswith(f"note: skipped 1 file that is not .txt, .jsonl or .parquet ({c}/sub/")
+    (c / "sub" / "more.txt").unlink()
+    (c / "A.TXT").unlink()
+    (c / "b.jsonl").unlink()
     with pytest.raises(prepare.PrepareError, match=r"^--input .*c matches no .txt/.jsonl/.parquet file; c.jsonl.gz is "
-                                                   r"compressed: decompress such files first$"):
-        prepare.list_files([str(tmp_path / "c")])
+                                                   r"compressed: decompress such files first \(hidden folders such as "
+                                                   r".git are not searched\)$"):
+        prepare.list_files([str(c)])
     with pytest.raises(prepare.PrepareError, match=r"c.jsonl.gz is not .txt, .jsonl or .parquet; c.jsonl.gz is "
                                                    r"compressed"):
-        prepare.list_files([str(tmp_path / "c" / "c.jsonl.gz")])
+        prepare.list_files([str(c / "c.jsonl.gz")])
 
 
 def test_a_file_is_taken_as_named_and_a_folder_through_its_links_each_folder_once(tmp_path):
