@@ -171,14 +171,19 @@ def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
         if corpus_kind(path) == ".txt":
             yield from (doc for doc in split_paragraphs(read_chunks(path)) if doc.strip())
         elif corpus_kind(path) == ".jsonl":
+            nulls, texts = 0, 0
             with open(path, encoding="utf-8-sig", errors="strict") as f:  # a byte-order mark is no text
                 try:
                     for line_number, line in enumerate(f, 1):
                         text = jsonl_text(line, text_field, f"{path} line {line_number}") if line.strip() else ""
-                        if text.strip():
+                        nulls, texts = nulls + (text is None), texts + (text is not None)
+                        if text and text.strip():
                             yield text
                 except UnicodeDecodeError:
                     raise PrepareError(f"{path} is not UTF-8 text: convert it to UTF-8") from None
+            if nulls:  # skipped, as parquet's nulls are; every one null is more likely the wrong field
+                print(f"note: {path}: skipped {plural(nulls, 'line')} whose '{text_field}' is null"
+                      + (" (every line: check --text_field)" if not texts else ""), file=sys.stderr)
         else:
             try:
                 import pyarrow
@@ -202,8 +207,8 @@ def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
                                    "it again, or leave it out of --input") from None
 
 
-def jsonl_text(line: str, text_field: str, where: str) -> str:
-    """The text of one jsonl line ("" for a null); a PrepareError naming `where` when the line is not a JSON object
+def jsonl_text(line: str, text_field: str, where: str) -> str | None:
+    """The text of one jsonl line (None for a null); a PrepareError naming `where` when the line is not a JSON object
     with a string text_field, or the string holds a lone surrogate ("\\ud800"), which is no text."""
     try:
         record = json.loads(line)
@@ -219,7 +224,7 @@ def jsonl_text(line: str, text_field: str, where: str) -> str:
                            "text's")
     text = record[text_field]
     if text is None:  # no text, as a parquet null: skipped
-        return ""
+        return None
     if not isinstance(text, str):
         raise PrepareError(f"{where}: '{text_field}' is a JSON {json_type(text)}, not a string")
     try:

@@ -128,7 +128,7 @@ def test_small_char_vocabulary_is_uint16(tmp_path):
     assert read_split(tmp_path / "out", "train", meta).tolist() == [0, 1, 2, 3, 2, 0, 1, 3]
 
 
-def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path):
+def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path, capsys):
     path = tmp_path / "dump.jsonl"
     path.write_text(json.dumps({"body": "hello world", "id": 1}) + "\n\n" + json.dumps({"body": "again"}) + "\n")
     assert list(prepare.iter_documents([str(path)], "body")) == ["hello world", "again"]
@@ -136,6 +136,11 @@ def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path):
         list(prepare.iter_documents([str(path)], "text"))
     path.write_text('{"body": null}\n{"body": "kept"}\n')  # no text, as a parquet null is: skipped, not an error
     assert list(prepare.iter_documents([str(path)], "body")) == ["kept"]
+    assert capsys.readouterr().err == f"note: {path}: skipped 1 line whose 'body' is null\n"
+    path.write_text('{"body": null, "text": "x"}\n' * 2)
+    assert list(prepare.iter_documents([str(path)], "body")) == []
+    assert capsys.readouterr().err == (f"note: {path}: skipped 2 lines whose 'body' is null (every line: check "
+                                       "--text_field)\n")
     path.write_text('["hello world"]\n')
     with pytest.raises(prepare.PrepareError, match=r"line 1: a JSON array, not an object: each line must be one JSON "
                                                    r"object, its text in a 'body' field$"):
