@@ -37,11 +37,14 @@ def writing_run_files(out_dir: str, name: str, training: bool = True):
 def foreign_config(out_dir: str) -> bool:
     """Whether out_dir holds a config.json that no run wrote (a transformers model's, say), which a new run must not
     write over. A run's holds its settings, max_iters and out_dir among them."""
+    path = os.path.join(out_dir, "config.json")
+    if not os.path.isfile(path):
+        return False
     try:
-        config = read_json(os.path.join(out_dir, "config.json"), "")
-    except (UserError, OSError):  # not JSON, or unreadable: not a run's either way
+        config = read_json(path, "")
+    except UserError:  # not JSON: not a run's (an unreadable one is an error of its own)
         return True
-    return config is not None and not (isinstance(config, dict) and {"max_iters", "out_dir"} <= config.keys())
+    return not (isinstance(config, dict) and {"max_iters", "out_dir"} <= config.keys())
 
 
 def check_wandb(wandb_log: bool):

@@ -578,7 +578,7 @@ if __name__ == "__main__":
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     token_limit = model.config.vocab_size  # every batch read is checked against it too (see read_batch)
     if "rope_theta" in given and model.config.pos_emb != "rope" and not eval_only:  # the base of rotary positions
-        report.warn("rope_theta is not used: the model's positions are learned, not rotary (pos_emb='rope')")
+        report.warn("rope_theta is not used: the model's positions are learned; rotary positions need pos_emb='rope'")
     if data["vocabulary"] == {"tokenizer": None, "chars": None} and data["max_token_id"] < 256 and \
             init_from != "resume" and not eval_only:
         report.warn(f"dataset {dataset} has no meta.json or meta.pkl to name its tokens, so they are taken as GPT-2's "

@@ -394,12 +394,21 @@ def test_settings_that_leave_the_model_as_it_is_resume_and_an_unused_rope_theta_
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=2, eval_interval=2), "--rope_theta=5e5",
                         cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert "warning: rope_theta is not used: the model's positions are learned, not rotary (pos_emb='rope')" \
+    assert "warning: rope_theta is not used: the model's positions are learned; rotary positions need pos_emb='rope'" \
         in result.stderr
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=4, eval_interval=2), "--init_from=resume",
                         "--n_kv_head=2", "--mlp_hidden=128", "--rope_theta=500", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert [row["iter"] for row in read_metrics(out) if row["val_loss"]] == ["0", "2", "4"]
+
+
+def test_a_config_json_is_a_runs_only_when_it_holds_a_runs_settings(tmp_path):
+    from report import foreign_config
+    assert not foreign_config(str(tmp_path))  # none there
+    for text, foreign in (('{"max_iters": 5, "out_dir": "out", "n_layer": 2}', False), ("null", True), ("[]", True),
+                          ('{"model_type": "gpt2"}', True), ("{torn", True)):
+        (tmp_path / "config.json").write_text(text)
+        assert foreign_config(str(tmp_path)) is foreign, text
 
 
 def test_help_shows_every_key_that_the_gpt2_config_sets(tmp_path):
