@@ -80,10 +80,11 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
             hf_model.save_pretrained(staged)
         tokenizer = write_tokenizer(vocab, model.config.vocab_size, staged)
         files = sorted(os.listdir(staged))
-        umask = os.umask(0)
-        os.umask(umask)
-        for name in files:  # transformers writes the weights through a private temporary file (0600): a folder to
-            os.chmod(os.path.join(staged, name), 0o666 & ~umask)  # share takes the permissions any file would
+        # transformers writes the weights through a private temporary file (0600): each file takes the permissions
+        # the umask gives a new file (the folder's, which save_pretrained made, less execute), for a folder to share
+        mode = os.stat(staged).st_mode & 0o666
+        for name in files:
+            os.chmod(os.path.join(staged, name), mode)
         with signals_deferred():  # a Ctrl-C between the two renames would delete the earlier export with tmp
             if os.path.exists(folder):  # moved aside, not deleted, until the new folder is in place
                 os.replace(folder, os.path.join(tmp, "old"))
