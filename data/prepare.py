@@ -219,9 +219,9 @@ def jsonl_text(line: str, text_field: str, where: str) -> str | None:
         raise PrepareError(f"{where}: a JSON {json_type(record)}, not an object: each line must be one JSON object, "
                            f"its text in a '{text_field}' field")
     if text_field not in record:
-        fields = ", ".join(list(record)[:8]) + (", ..." if len(record) > 8 else "")
-        raise PrepareError(f"{where}: no '{text_field}' field (it has: {fields or 'none'}): set --text_field to the "
-                           "text's")
+        fields = ", ".join(repr(k) for k in list(record)[:8]) + (", ..." if len(record) > 8 else "")
+        raise PrepareError(f"{where}: no '{text_field}' field (it has {fields if record else 'none'}): set "
+                           "--text_field to the text's")
     text = record[text_field]
     if text is None:  # no text, as a parquet null: skipped
         return None

@@ -132,7 +132,7 @@ def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path, capsys):
     path = tmp_path / "dump.jsonl"
     path.write_text(json.dumps({"body": "hello world", "id": 1}) + "\n\n" + json.dumps({"body": "again"}) + "\n")
     assert list(prepare.iter_documents([str(path)], "body")) == ["hello world", "again"]
-    with pytest.raises(prepare.PrepareError, match=r"line 1: no 'text' field \(it has: body, id\): set --text_field"):
+    with pytest.raises(prepare.PrepareError, match=r"line 1: no 'text' field \(it has 'body', 'id'\): set --text_field"):
         list(prepare.iter_documents([str(path)], "text"))
     path.write_text('{"body": null}\n{"body": "kept"}\n')  # no text, as a parquet null is: skipped, not an error
     assert list(prepare.iter_documents([str(path)], "body")) == ["kept"]
