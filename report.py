@@ -42,8 +42,10 @@ def foreign_config(out_dir: str) -> bool:
         return False
     try:
         config = read_json(path, "")
-    except UserError:  # not JSON: not a run's (an unreadable one is an error of its own)
+    except UserError:  # not JSON: not a run's
         return True
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror}): make it readable, or choose another out_dir") from None
     return not (isinstance(config, dict) and {"max_iters", "out_dir"} <= config.keys())
 
 
