@@ -27,7 +27,7 @@ out_dir = "out"  # where the checkpoint is, with init_from='resume'
 checkpoint = "ckpt.pt"  # which checkpoint in out_dir: ckpt.pt (latest), best.pt (best val loss) or ckpt_<iter>.pt
 to = ""  # the folder to write [to != '']
 dtype = "float32"  # the weights' type in the folder [dtype in ('float32', 'bfloat16', 'float16')]
-overwrite = False  # replace `to` when it already exists
+overwrite = False  # replace `to` when it holds an earlier export (nothing else is replaced)
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 
@@ -58,14 +58,14 @@ def check_target(folder: str, overwrite: bool):
     names = os.listdir(folder)
     if not names and not os.path.islink(folder) and not os.path.ismount(folder):  # made ahead (mkdir) for the
         return  # export, nothing in it to lose: replaced as a whole, which a link or a mount point cannot be
-    if not overwrite:
-        raise UserError(f"{folder} already exists: choose another --to, or pass --overwrite=True to replace it")
     weights = any(n.endswith(".safetensors") or n == "pytorch_model.bin" for n in names)
     others = [n for n in names if not (os.path.isfile(os.path.join(folder, n)) and n.endswith(EXPORT_FILES))]
-    if others or "config.json" not in names or not weights:
+    if others or "config.json" not in names or not weights:  # whatever overwrite says: only an export is replaced
         why = f"it holds {', '.join(sorted(others)[:4])}" if others else "it lacks config.json or weights"
-        raise UserError(f"--overwrite=True replaces only an earlier export and {folder} is not one ({why}): "
-                        "choose another --to")
+        raise UserError(f"{folder} already exists and is not an earlier export ({why}): choose another --to")
+    if not overwrite:
+        raise UserError(f"{folder} already holds an export: choose another --to, or pass --overwrite=True to replace "
+                        "it")
 
 
 def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) -> str:

@@ -125,7 +125,7 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeyp
     vocab = {"tokenizer": "char", "chars": "abcdefghij"}
     folder = str(tmp_path / "hf")
     export(random_model(), vocab, folder, "float32", False)
-    with pytest.raises(UserError, match="already exists"):
+    with pytest.raises(UserError, match="already holds an export: choose another --to, or pass --overwrite=True"):
         export(random_model(), vocab, folder, "float32", False)
     second = random_model(bias=False)
     export(second, vocab, folder, "float32", True)  # an earlier export: replaced
@@ -138,8 +138,10 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeyp
     run.mkdir()
     (run / "ckpt.pt").write_bytes(b"weights")
     (run / "config.json").write_text("{}")
-    with pytest.raises(UserError, match=r"replaces only an earlier export .* \(it holds ckpt.pt\)"):
-        export(random_model(), vocab, str(run), "float32", True)
+    for overwrite in (True, False):  # and the error offers no --overwrite, which would not replace it either
+        with pytest.raises(UserError, match=r"already exists and is not an earlier export \(it holds ckpt.pt\): "
+                                            r"choose another --to$"):
+            export(random_model(), vocab, str(run), "float32", overwrite)
     assert (run / "ckpt.pt").read_bytes() == b"weights"
     monkeypatch.chdir(folder)  # an earlier export, but the folder export.py runs in
     with pytest.raises(UserError, match="is the working folder or holds it"):

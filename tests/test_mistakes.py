@@ -475,7 +475,7 @@ CASES = [
          r"--to=.*gone/hf lies under .*gone, a link to .*nowhere, which does not exist: make that folder, or choose "
          r"another --to$", setup=lambda tmp, run, data: os.symlink(os.path.join(tmp, "nowhere"), os.path.join(tmp, "gone"))),
     Case("export over the run", "export.py", ["--out_dir={run}", "--to={run}", "--overwrite=True"],
-         r"--overwrite=True replaces only an earlier export and .* is not one \(it holds best.pt, ckpt.pt"),
+         r"already exists and is not an earlier export \(it holds best.pt, ckpt.pt"),
     Case("export under a file", "export.py", ["--out_dir={run}", "--to={run}/ckpt.pt/hf"], r"lies under .*ckpt.pt, which is a file"),
     Case("export where nothing can be written", "export.py", ["--out_dir={run}", "--to=/proc/hf"],
          r"--to=/proc/hf: cannot write in /proc \(.*\): choose a --to on a writable disk"),
