@@ -703,8 +703,8 @@ if __name__ == "__main__":
     if mode == "prepare":
         if not os.path.isfile(corpus_text):
             raise UserError(f"corpus_text {corpus_text} is not a file: give --corpus_text=PATH (a text of a few MB), "
-                            "or run data/shakespeare_char/prepare.py without --input, which keeps there the text it "
-                            "downloads")
+                            "or run data/shakespeare_char/prepare.py without --input where it can download tiny "
+                            "Shakespeare, which it keeps there (offline it uses the Gutenberg plays and keeps no text)")
         if not os.path.getsize(corpus_text):  # else prepare.py's own line would name its --input, not this flag
             raise UserError(f"corpus_text {corpus_text} is empty: give --corpus_text=PATH of a text of a few MB")
         bench_prepare(corpus_text, sorted({max(1, corpus_mb // 3), corpus_mb}), gpt2_tiktoken)
