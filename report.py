@@ -126,15 +126,16 @@ def launch_command(argv: list[str], env) -> list[str]:
     return ["torchrun", *where, f"--nproc_per_node={per_node}", *argv]
 
 
-def run_info(config: dict, argv: list[str]) -> dict:
-    """What reproduces a run besides its config: the command, the code version and the library versions."""
+def run_info(config: dict, argv: list[str], code_dir: str = os.path.dirname(os.path.abspath(__file__))) -> dict:
+    """What reproduces a run besides its config: the command, the code version (code_dir's git commit, and whether
+    a tracked file differs from it: untracked files, a run's own folders among them, are not the code) and the
+    library versions."""
     import torch
-    here = os.path.dirname(os.path.abspath(__file__))
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=code_dir, capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True,
-                                    timeout=10).stdout.strip()) if commit else None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=code_dir,
+                                    capture_output=True, text=True, timeout=10).stdout.strip()) if commit else None
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
     return {"command": shlex.join(launch_command(argv, os.environ)), "git_commit": commit,

@@ -5,6 +5,7 @@ import math
 import os
 import re
 import struct
+import subprocess
 
 import pytest
 
@@ -409,6 +410,23 @@ def test_a_config_json_is_a_runs_only_when_it_holds_a_runs_settings(tmp_path):
                           ('{"model_type": "gpt2"}', True), ("{torn", True)):
         (tmp_path / "config.json").write_text(text)
         assert foreign_config(str(tmp_path)) is foreign, text
+
+
+def test_the_tree_is_dirty_when_a_tracked_file_changed_not_when_a_run_adds_its_folder(tmp_path):
+    from report import run_info
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "train.py").write_text("print('v1')\n")
+    git("add", "train.py")
+    git("commit", "-qm", "v1")
+    (tmp_path / "lr2e-3").mkdir()  # an out_dir the README's example names, which .gitignore does not list
+    (tmp_path / "lr2e-3" / "ckpt.pt").write_bytes(b"weights")
+    assert run_info({}, ["train.py"], str(tmp_path))["git_dirty"] is False
+    (tmp_path / "train.py").write_text("print('v2')\n")
+    assert run_info({}, ["train.py"], str(tmp_path))["git_dirty"] is True
 
 
 def test_help_shows_every_key_that_the_gpt2_config_sets(tmp_path):
