@@ -157,6 +157,13 @@ def check_same_checkpoint(checkpoint: dict, path: str, world_size: int):
                         "nodes share, not on each node's own disk")
 
 
+def chars_differ(dataset: str, checkpoint: str) -> str:
+    """How a dataset's characters differ from a checkpoint's, for an error: those only one has, or their order."""
+    only = [f"only the {who} has {''.join(sorted(set(a) - set(b)))[:20]!r}"
+            for who, a, b in (("dataset", dataset, checkpoint), ("checkpoint", checkpoint, dataset)) if set(a) - set(b)]
+    return "; ".join(only) or "the same characters in another order"
+
+
 def check_vocabulary(saved: dict | None, vocabulary: dict, dataset: str, path: str, resuming: bool = True) -> dict:
     """A run from a checkpoint's weights must read its tokens as the checkpoint's run did (saved: the vocabulary
     the checkpoint keeps): the same tokenizer and, for a character dataset, the same characters in the same
@@ -166,9 +173,10 @@ def check_vocabulary(saved: dict | None, vocabulary: dict, dataset: str, path: s
     saved = saved or {}
     for key in ("tokenizer", "chars"):
         if saved.get(key) is not None and vocabulary.get(key) is not None and saved[key] != vocabulary[key]:
-            what = {"tokenizer": lambda v: f"tokenizer {v}", "chars": lambda v: f"{len(v)} characters {v[:12]!r}..."}[key]
+            what = {"tokenizer": lambda v: f"tokenizer {v}", "chars": lambda v: f"{len(v)} characters"}[key]
+            differ = f" ({chars_differ(vocabulary[key], saved[key])})" if key == "chars" else ""
             raise UserError(f"dataset {dataset} has {what(vocabulary[key])} but checkpoint {path} was trained on "
-                            f"{what(saved[key])}: " + ("resume on the run's own dataset, or start a new run" if
+                            f"{what(saved[key])}{differ}: " + ("resume on the run's own dataset, or start a new run" if
                                                        resuming else "give a dataset prepared as the model's own was"))
     if vocabulary.get("tokenizer") is not None:  # the dataset says: its chars are its own (None for BPE)
         return vocabulary
