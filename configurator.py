@@ -120,6 +120,9 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         run = f"; for the run in it, pass --out_dir={path}" if "out_dir" in config else ""
         raise UserError(f"'{path}' is a folder, not a config file: settings are given as --key=value{run}")
     if not os.path.isfile(path):
+        key = path.split("=", 1)[0]
+        if "=" in path and key.isidentifier() and key in config:  # a setting without its dashes
+            raise UserError(f"'{path}' is neither a config file nor a setting: give settings as --{path}")
         raise UserError(f"config file '{path}' not found: give a path such as config/train_shakespeare_char.py")
     kind = os.path.splitext(path)[1].lower()
     if kind in (".json", ".yaml", ".yml", ".toml"):

@@ -348,8 +348,9 @@ CASES = [
                                                   "--hellaswag_file={tmp}/nope.jsonl"],
          r"HellaSwag file .*nope.jsonl not found: give --hellaswag_file=PATH of hellaswag_val.jsonl$"),
     Case("resume on another vocabulary", "train.py", [*RESUME, "--dataset={tmp}/other"],
-         r"dataset .*other has \d+ characters .* but checkpoint .* was trained on \d+ characters.*: resume on the "
-         r"run's own dataset, or start a new run$", setup=other_vocabulary),
+         r"dataset .*other has \d+ characters but checkpoint .* was trained on \d+ characters \(only the dataset has "
+         r"'[A-Z]+'; only the checkpoint has '[a-z]+.*'\): resume on the run's own dataset, or start a new run$",
+         setup=other_vocabulary),
     Case("init_from on another vocabulary", "train.py", [*TRAIN, "--dataset={tmp}/other", "--out_dir={tmp}/new",
                                                          "--init_from={run}/ckpt.pt"],
          r"but checkpoint .*ckpt.pt was trained on \d+ characters .*: give a dataset prepared as the model's own was$",
@@ -454,6 +455,8 @@ CASES = [
     Case("sample which checkpoint", "sample.py", ["--out_dir={run}", "--device=cpu", "--checkpoint=ckpt_9.pt"], r"no checkpoint at .*ckpt_9.pt"),
     Case("sample gpt2 without transformers", "sample.py", ["--init_from=gpt2", "--device=cpu"],
          r"needs Hugging Face transformers", runner=WITHOUT_TRANSFORMERS),
+    Case("a setting without its dashes", "sample.py", ["--out_dir={run}", "--device=cpu", "num_samples=2"],
+         r"'num_samples=2' is neither a config file nor a setting: give settings as --num_samples=2$"),
     Case("sample a run folder", "sample.py", ["{run}", "--device=cpu"],
          r"'.*run' is a folder, not a config file: settings are given as --key=value; for the run in it, pass --out_dir=.*run"),
     Case("sample empty prompt", "sample.py", ["--out_dir={run}", "--device=cpu", "--start="],
