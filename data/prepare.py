@@ -625,9 +625,9 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         raise PrepareError(f"--val_fraction {val_fraction} is not in (0, 1): train.py needs a val split")
     if len(str(seed)) > 64:  # the split's hash takes it as a key of at most 64 bytes
         raise PrepareError(f"--seed {seed} has {len(str(seed))} characters: give one of at most 64")
-    if shard_tokens < 0 or workers < 0:
-        raise PrepareError(f"--shard_tokens {shard_tokens} and --workers {workers} must be >= 0 (0: one file per "
-                           "split, one worker per core)")
+    for flag, value, zero in (("shard_tokens", shard_tokens, "one file per split"), ("workers", workers, "one per core")):
+        if value < 0:
+            raise PrepareError(f"--{flag} {value} must be >= 0 (0: {zero})")
     # the rank file is found once, here, and its bytes handed to the workers: where it cannot be cached (a
     # read-only home), each worker would otherwise download it again
     ranks = rank_file_bytes(gpt2_encoding(rank_file)) if tokenizer == "gpt2" else None
