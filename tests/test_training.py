@@ -511,6 +511,20 @@ def test_the_gpu_suite_stops_a_step_at_the_budget_and_names_it_for_the_next_call
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "work") in " ".join(p.info["cmdline"] or [])]
 
 
+def test_the_gpu_suite_leaves_the_nanogpt_step_on_a_cpu_to_a_call_with_the_time_it_takes(tmp_path):
+    """nanoGPT's CPU runs take minutes (a 50257-token head): a budget short of that starts none of them."""
+    nanogpt = tmp_path / "nanoGPT"
+    nanogpt.mkdir()
+    for name in ("train.py", "model.py", "configurator.py"):  # never run: the step is not started
+        (nanogpt / name).write_text("raise SystemExit('ran')\n")
+    result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
+                        "--only=nanogpt", "--budget=120", f"--nanogpt={nanogpt}", cwd=str(tmp_path), timeout=60)
+    assert result.returncode == 0, result.stderr
+    table = open(tmp_path / "out" / "table.md").read()
+    assert re.search(r"\| step nanogpt \| not run \| about 300 s, \d+ s of the 120 s budget left \|", table), table
+    assert "--only=nanogpt" in result.stdout and not os.path.exists(tmp_path / "work" / "nanogpt_8x12")
+
+
 def test_a_gpu_suite_stopped_by_sigterm_stops_every_job_it_started(char_data, tmp_path):
     """A borrowed machine's time limit ends the suite's command: its jobs, in process groups of their own, must
     go with it rather than run on during the next call."""
