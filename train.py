@@ -322,6 +322,21 @@ def schedule_problem(warmup_iters: int, lr_decay_iters: int, max_iters: int, sch
     return None
 
 
+def unused_settings(config: dict, given: set) -> list[str]:
+    """The settings given (by a flag or a config file) that this run does not use, each with what would use it:
+    a fork that switches a feature off keeps the settings that went with it. config: the run's, its model's
+    architecture settled (a resume's or an init_from's)."""
+    wsd, muon = config["lr_schedule"] in ("wsd", "wsd-sqrt"), config["optimizer"] == "muon"
+    needs = dict(cooldown_frac=("lr_schedule='wsd' or 'wsd-sqrt'", wsd), muon_lr=("optimizer='muon'", muon),
+                 muon_momentum=("optimizer='muon'", muon), rope_theta=("pos_emb='rope'", config["pos_emb"] == "rope"),
+                 fsdp_reduce=("parallelism='fsdp'", config["parallelism"] == "fsdp"),
+                 compile_mode=("compile=True", config["compile"]))
+    needs.update({k: ("hellaswag_interval > 0", config["hellaswag_interval"] > 0)
+                  for k in ("hellaswag_file", "hellaswag_items")})
+    needs.update({k: ("sample_interval > 0", config["sample_interval"] > 0) for k in ("sample_prompt", "sample_tokens")})
+    return [f"{k} is not used: it needs {what}" for k, (what, used) in needs.items() if k in given and not used]
+
+
 @torch.no_grad()
 def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int = 0, world_size: int = 1,
                   splits=("train", "val"), stop=None) -> dict[str, float] | None:
@@ -577,8 +592,8 @@ if __name__ == "__main__":
         raise UserError(f"dataset {dataset} has token id {data['max_token_id']}, out of range for the model's "
                         f"vocab_size {model.config.vocab_size}: prepare the data with the model's tokenizer")
     token_limit = model.config.vocab_size  # every batch read is checked against it too (see read_batch)
-    if "rope_theta" in given and model.config.pos_emb != "rope" and not eval_only:  # the base of rotary positions
-        report.warn("rope_theta is not used: the model's positions are learned; rotary positions need pos_emb='rope'")
+    for unused in unused_settings(config, given) if not eval_only else []:  # with the model's architecture settled
+        report.warn(unused)
     if data["vocabulary"] == {"tokenizer": None, "chars": None} and data["max_token_id"] < 256 and \
             init_from != "resume" and not eval_only:
         report.warn(f"dataset {dataset} has no meta.json or meta.pkl to name its tokens, so they are taken as GPT-2's "

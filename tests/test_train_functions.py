@@ -405,6 +405,10 @@ def test_estimate_loss_uses_the_same_windows_every_time(tmp_path):
     assert estimate_loss(model, batch_fn, 3, splits=("val",), stop=lambda: asked.append(1) or len(asked) > 2) is None
     assert len(asked) == 3 and model.training
     assert estimate_loss(model, batch_fn, 3, splits=("val",), stop=lambda: False) == first
+    grad_modes = []  # no autograd graph is built: it would hold every batch's activations
+    model.register_forward_hook(lambda module, args, output: grad_modes.append(torch.is_grad_enabled()))
+    estimate_loss(model, batch_fn, 2, splits=("val",))
+    assert grad_modes == [False, False]
 
 
 def test_ranks_draw_different_parts_of_one_global_batch(tmp_path):
@@ -686,3 +690,16 @@ def test_overwrite_refuses_to_start_from_a_file_it_would_delete_but_not_from_a_h
     assert check_new_run(str(out), True, str(tmp_path / "start.pt")) == ["ckpt.pt"]
     with pytest.raises(UserError, match=r"link.pt is ckpt.pt of the run that --overwrite=True replaces"):
         check_new_run(str(out), True, str(tmp_path / "link.pt"))
+
+
+def test_settings_given_that_the_run_does_not_use_are_named_with_what_would_use_them():
+    from train import config_defaults, unused_settings
+    given = {"cooldown_frac", "muon_lr", "rope_theta", "fsdp_reduce", "sample_prompt", "hellaswag_items", "n_layer"}
+    assert unused_settings(config_defaults, given) == [
+        "cooldown_frac is not used: it needs lr_schedule='wsd' or 'wsd-sqrt'", "muon_lr is not used: it needs "
+        "optimizer='muon'", "rope_theta is not used: it needs pos_emb='rope'", "fsdp_reduce is not used: it needs "
+        "parallelism='fsdp'", "hellaswag_items is not used: it needs hellaswag_interval > 0",
+        "sample_prompt is not used: it needs sample_interval > 0"]
+    used = dict(config_defaults, lr_schedule="wsd", optimizer="muon", pos_emb="rope", parallelism="fsdp",
+                sample_interval=1, hellaswag_interval=1)
+    assert unused_settings(used, given) == []
