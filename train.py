@@ -1,7 +1,10 @@
 """
-Trains a GPT on one device, or on several with DDP or FSDP (parallelism=). One CPU or GPU:
+Trains a GPT on one device, or on several with DDP or FSDP (parallelism=). One GPU, or a CPU with the model
+shrunk (the README's first command, minutes on 2 cores):
 
-    python train.py config/train_shakespeare_char.py --device=cpu --compile=False
+    python train.py config/train_shakespeare_char.py
+    python train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --block_size=64 \
+        --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
 
 4 GPUs on one node, or 2 nodes of 8 (the micro-steps divide among the processes: 32 of 15 for 16 of them):
 
@@ -54,20 +57,20 @@ out_dir = "out"  # where checkpoints, metrics.csv, samples.txt, config.json, run
 eval_interval = 2000  # evaluate (and maybe checkpoint) every this many steps, and after the last [eval_interval > 0]
 log_interval = 1  # print a progress line every this many steps [log_interval > 0]
 log_format = "text"  # 'text' progress lines, 'json' (one JSON object per line, for scripts) or 'quiet' (evals, samples, the summary, skipped steps, stops and a resume's changed settings) [log_format in ('text', 'json', 'quiet')]
-eval_iters = 200  # batches per split in each evaluation [eval_iters > 0]
+eval_iters = 200  # batches per split in each evaluation; under parallelism='fsdp' a multiple of the processes [eval_iters > 0]
 dry_run = False  # print the memory plan, tokens per step, model size and FLOPs per token, then exit: nothing is trained or written
 eval_only = False  # evaluate a trained model once (any init_from but scratch), write out_dir/eval.json and exit; the run's own files stay as they are
-always_save_checkpoint = True  # write ckpt.pt at every eval, not only when val loss improves (the last eval always writes it)
-keep_last_n = 0  # also keep the last n evaluated checkpoints as ckpt_<iter>.pt; 0 keeps none [keep_last_n >= 0]
+always_save_checkpoint = True  # write ckpt.pt at every eval after step 0, not only when val loss improves (the last eval always writes it)
+keep_last_n = 0  # also keep the last n checkpoints written at evaluations as ckpt_<iter>.pt (with always_save_checkpoint=False, only those that improved, and the last); 0 keeps none [keep_last_n >= 0]
 max_nonfinite_steps = 10  # stop after this many steps in a row with a non-finite loss or gradient norm (counted at log lines) [max_nonfinite_steps > 0]
 init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt, taking the run's own value of each setting not given), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers (GPT-2 or LLaMA), or a checkpoint file (ours or nanoGPT's ckpt.pt) to start a new run from
 resume_from = "ckpt.pt"  # the checkpoint in out_dir that init_from='resume' continues: a kept ckpt_<iter>.pt goes back to that step (the run's later checkpoints must be moved out first; best.pt stays unless beaten)
-overwrite = False  # let init_from='scratch' replace the run in an out_dir that already holds a checkpoint
+overwrite = False  # let a new run (any init_from but 'resume') replace the run whose files (checkpoints, metrics.csv, summary.json, ...) out_dir holds
 seed = 1337  # seeds init, dropout and the batch sampler [0 <= seed < 2**63]
-hellaswag_interval = 0  # every this many evals, also score HellaSwag (acc_norm, into metrics.csv and wandb; see eval.py); 0: never [hellaswag_interval >= 0]
+hellaswag_interval = 0  # every this many evals, also score HellaSwag (acc_norm, into metrics.csv and wandb; see eval.py); 0: never; not yet under parallelism='fsdp' [hellaswag_interval >= 0]
 hellaswag_file = ""  # HellaSwag's validation jsonl; '' uses data/hellaswag/hellaswag_val.jsonl, downloaded there once
 hellaswag_items = 0  # score only the first this many items (10,042 in all); 0: all [hellaswag_items >= 0]
-sample_interval = 0  # every this many evals, rank 0 writes a sample to stdout, out_dir/samples.txt and wandb; 0: never [sample_interval >= 0]
+sample_interval = 0  # every this many evals, rank 0 writes a sample to stdout, out_dir/samples.txt and wandb; 0: never; not yet under parallelism='fsdp' [sample_interval >= 0]
 sample_prompt = "\n"  # the prompt of those samples [sample_prompt != '']
 sample_tokens = 200  # tokens per sample [sample_tokens > 0]
 # ---- wandb logging
@@ -76,7 +79,7 @@ wandb_project = "owt"  # wandb project name
 wandb_run_name = "gpt2"  # wandb run name
 # ---- data
 dataset = "openwebtext"  # a folder under data/, or a path, holding meta.json and token files (or nanoGPT's train.bin, val.bin)
-gradient_accumulation_steps = 5 * 8  # micro-steps per optimizer step, summed over all processes [gradient_accumulation_steps > 0]
+gradient_accumulation_steps = 5 * 8  # micro-steps per optimizer step, summed over all processes: a multiple of the number of processes [gradient_accumulation_steps > 0]
 batch_size = 12  # sequences per micro-step per process; 'auto': the largest power of two up to 1024 that the memory plan fits in 85% of the free memory (for GPUs; on a CPU, this process's share of the host's RAM), agreed by all processes; a resumed run keeps its checkpoint's [batch_size == 'auto' or batch_size > 0]
 block_size = 1024  # context length in tokens [block_size > 0]
 prefetch_batches = 4  # micro-batches read ahead, by as many background threads, while the device works (a window of a token file not in the page cache takes milliseconds to read); 0: each is read in the loop when it is due [prefetch_batches >= 0]
@@ -117,14 +120,14 @@ min_lr = 6e-5  # floor of the schedule; about learning_rate / 10 per Chinchilla 
 parallelism = "ddp"  # with several processes: 'ddp' (each holds the whole model and optimizer) or 'fsdp' (FSDP2: each holds 1/world_size of the weights, gradients and optimizer state; a block's weights are gathered as it runs) [parallelism in ('ddp', 'fsdp')]
 fsdp_reduce = "micro_step"  # with parallelism='fsdp' and several micro-steps per process, when gradients are reduce-scattered: 'micro_step' after every micro-step's backward, which then frees the gathered weights (the least memory: 1/world_size of the gradients, two blocks gathered; one more gather and reduce-scatter per micro-step), or 'step' on the last micro-step only, keeping every gradient whole (fp32) and every block gathered until then (one gather and one reduce-scatter per step, at DDP's gradient memory) [fsdp_reduce in ('micro_step', 'step')]
 backend = "auto"  # DDP backend: 'nccl' (CUDA only), 'gloo', or 'auto' (nccl on CUDA, gloo otherwise) [backend in ('auto', 'gloo') or (backend == 'nccl' and device.startswith('cuda'))]
-ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails; at most 1e8 (three years), past which torch's timers overflow [0 < ddp_timeout <= 1e8]
+ddp_timeout = 1800  # seconds a collective waits for the slowest rank (e.g. rank 0 saving) before the run fails; at most 100000000 (three years), past which torch's timers overflow [0 < ddp_timeout <= 100000000]
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'; under torchrun the GPU comes from LOCAL_RANK
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model: slower start, faster steps
 compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels, CUDA graphs), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs'; on a GPU the two with CUDA graphs need one micro-step per process [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
 fp8 = False  # the transformer blocks' matmuls in float8 with dynamic scaling (fp8.py): faster on GPUs of compute capability 8.9+ (H100, L4, RTX 4090); the head, embeddings, norms and the saved weights stay as they are
 attention_kernel = "auto"  # the attention kernel on CUDA: 'auto' (torch's choice: cuDNN's first on Hopper and Blackwell with a recent cuDNN, else FlashAttention), 'flash' (cuDNN's off) or 'cudnn' (cuDNN's first, where it serves the shape) [attention_kernel in ('auto', 'flash', 'cudnn')]
-sync_every_step = False  # read each step's skip and stop verdicts on the host (a device sync per step); False reads them once per log line
+sync_every_step = False  # read each step's skip and stop verdicts on the host (a device sync per step); False reads them once per log line where the optimizer can skip a step on the device (the fused AdamW, on CUDA and CPU), and every step still under optimizer='muon' or on mps
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
 
 
