@@ -63,34 +63,34 @@ cold_data = False  # with real_data: evict the dataset's token files from the pa
 n_layer = 12  # transformer blocks [n_layer > 0]
 n_head = 12  # attention heads per block [n_head > 0]
 n_embd = 768  # width of the residual stream, split evenly among the heads [n_embd > 0 and n_embd % n_head == 0]
-vocab_size = 0  # 0: the model's vocabulary as train.py gives it for the dataset (a tokenizer's padded to a multiple of 64), else GPT-2's padded 50304 [vocab_size >= 0]
+vocab_size = 0  # 0: the model's vocabulary as train.py gives it for the dataset (a tokenizer's padded to a multiple of 64; GPT-2's 50304 where the dataset is not prepared); N: N tokens [vocab_size >= 0]
 bias = False  # biases in Linear and LayerNorm layers
 dropout = 0.0  # dropout rate [0 <= dropout < 1]
 loss_chunk = 0  # as in train.py: rows of logits per chunk of the training loss; 0 computes them all at once [loss_chunk >= 0]
 activation_checkpointing = False  # as in train.py: recompute each block in backward instead of keeping its activations
 pos_emb = "learned"  # the architecture, as in train.py (see its --help) [pos_emb == 'learned' or (pos_emb == 'rope' and n_embd // n_head % 2 == 0)]
-rope_theta = 10000.0  # [0 < rope_theta < inf]
-norm = "layernorm"  # [norm in ('layernorm', 'rmsnorm')]
-mlp = "gelu"  # [mlp in ('gelu', 'swiglu', 'relu2')]
-mlp_hidden = 0  # [mlp_hidden >= 0]
-n_kv_head = 0  # [n_kv_head >= 0 and n_head % (n_kv_head or n_head) == 0]
-qk_norm = False
-tie_embeddings = True
+rope_theta = 10000.0  # with rope: the base of the rotation frequencies [0 < rope_theta < inf]
+norm = "layernorm"  # 'layernorm' or 'rmsnorm' [norm in ('layernorm', 'rmsnorm')]
+mlp = "gelu"  # 'gelu', 'swiglu' or 'relu2' [mlp in ('gelu', 'swiglu', 'relu2')]
+mlp_hidden = 0  # MLP width; 0: the default for mlp [mlp_hidden >= 0]
+n_kv_head = 0  # key/value heads (GQA); 0: n_head [n_kv_head >= 0 and n_head % (n_kv_head or n_head) == 0]
+qk_norm = False  # RMS-normalise queries and keys per head
+tie_embeddings = True  # the output projection shares the token embedding matrix
 # ---- optimizer, as in train.py
 optimizer = "adamw"  # 'adamw' or 'muon', as in train.py [optimizer in ('adamw', 'muon')]
 learning_rate = 6e-4  # AdamW learning rate [0 < learning_rate < inf]
 muon_lr = 0.02  # Muon's learning rate [0 < muon_lr < inf]
-muon_momentum = 0.95  # [0 <= muon_momentum < 1]
+muon_momentum = 0.95  # Muon's momentum [0 <= muon_momentum < 1]
 weight_decay = 1e-1  # decoupled weight decay on matrices [0 <= weight_decay < inf]
 beta1 = 0.9  # AdamW beta1 [0 <= beta1 < 1]
 beta2 = 0.95  # AdamW beta2 [0 <= beta2 < 1]
 grad_clip = 1.0  # clip the global gradient norm to this; 0 disables clipping [0 <= grad_clip < inf]
 sync_every_step = False  # as in train.py: read each step's skip verdict on the host (a device sync per step)
 # ---- timing
-warmup_steps = 10  # untimed steps first: compilation, allocator and cache warm-up [warmup_steps >= 0]
-num_steps = 20  # timed steps (per round, with compare) [num_steps > 0]
+warmup_steps = 10  # --mode=train: untimed steps first: compilation, allocator and cache warm-up [warmup_steps >= 0]
+num_steps = 20  # --mode=train: timed steps (per round, with compare) [num_steps > 0]
 compare = ""  # flags for a second config to time against this one, in alternation, e.g. "--compile=False"; prints the speed ratio; several configs separated by ';' are each timed against this one; --mode=train only, and not with --profile [compare == '' or (mode == 'train' and not profile)]
-rounds = 5  # with compare: rounds of num_steps steps of each config in turn; the ratio's spread is over rounds [rounds > 0]
+rounds = 5  # with compare: rounds of num_steps steps of each config in turn, the ratio's spread over them; --mode=generate: samples each way, the median taken [rounds > 0]
 gen_tokens = 500  # --mode=generate: new tokens per sample, after a one-token prompt [gen_tokens > 0]
 profile = False  # write a torch profiler trace (bench_trace/, for TensorBoard or Perfetto) instead of timing; --mode=train only [not profile or mode == 'train']
 seed = 1337  # seeds init and the batches [0 <= seed < 2**63]
@@ -100,7 +100,7 @@ corpus_text = "data/shakespeare_char/input.txt"  # --mode=prepare: text to build
 corpus_mb = 300  # --mode=prepare: corpus size in MB, as files of about 1 MB of shuffled paragraphs [corpus_mb > 0]
 gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without network
 # ---- system
-device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU, --mode=train's untouched model keys shrink to CPU_MODEL
+device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU, --mode=train's model keys left at their defaults shrink to n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12 (CPU_MODEL), whatever --help shows
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model (after a test compile; without it where that fails)
 compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels, CUDA graphs), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs'; on a GPU the two with CUDA graphs need gradient_accumulation_steps=1 [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]
