@@ -283,8 +283,10 @@ def check_rules(config: dict, setting_rules: dict[str, str]):
 
 def describe(path: str, config: dict) -> str:
     """--help text: every setting with its default and the comment beside it (rule included) in the script
-    at path, under the `# ---- section` banners that group them there."""
-    lines, last_heading = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]"], ""
+    at path, under the `# ---- section` banners that group them there; the defaults, not what the command's own
+    config files and flags make of them."""
+    lines, last_heading = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]",
+                           "the settings and their defaults (config files and flags, applied in order, change them):"], ""
     for heading, name, comment in settings_in_source(path, config):
         if heading != last_heading:
             lines.append(f"\n{heading}:")
