@@ -1,4 +1,5 @@
-# Evaluate OpenAI's gpt2-xl (1558M parameters) on OpenWebText: one evaluation, written to out/eval.json; no training.
+# Evaluate OpenAI's gpt2-xl (1558M parameters) on OpenWebText: one evaluation, written to out-eval-gpt2-xl/eval.json; no
+# training (each size its own folder, so their results sit side by side).
 # Needs Hugging Face transformers and the weights (downloaded once); eval_iters x batch_size x 1024 tokens
 # per split, so about 4.1M tokens (500 x 8 x 1024): minutes on one GPU.
 # First run: python data/openwebtext/prepare.py (it needs `pip install datasets`).
@@ -6,5 +7,6 @@
 batch_size = 8
 eval_iters = 500  # more batches give a tighter estimate
 eval_only = True
+out_dir = "out-eval-gpt2-xl"
 wandb_log = False
 init_from = "gpt2-xl"
