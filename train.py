@@ -659,8 +659,9 @@ if __name__ == "__main__":
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     eval_text = (f"{eval_iters} batches of {batch_size} sequences x {block_size} tokens per split = "
                  f"{eval_iters * batch_size * block_size:,} tokens")  # what an eval_only run does, for its lines
-    report.print(f"evaluation: {eval_text}" if eval_only else f"tokens per iteration {tokens_per_iter:,} "
-                 f"({gradient_accumulation_steps} micro-steps x {batch_size} sequences x {block_size} tokens)")
+    report.print(f"evaluation: {eval_text}" if eval_only else f"tokens per iteration {tokens_per_iter:,} ("
+                 f"{plural(gradient_accumulation_steps, 'micro-step')} x {plural(batch_size, 'sequence')} x "
+                 f"{block_size} tokens)")
     model.prefer_attention(attention_kernel)
     if fp8:
         report.print(f"fp8: {use_fp8(model, batch_size * block_size)} matmuls in the blocks run in float8, the "
@@ -916,8 +917,8 @@ if __name__ == "__main__":
                 [loss_sum, grad_norm.float(), skipped_steps, worst_in_a_row, in_a_row, stop_flag]).tolist()  # one sync
             if skipped > skipped_reported:
                 skipped_reported = int(skipped)
-                report.print(f"iter {iter_num}: non-finite loss or gradient norm, {skipped_reported} steps skipped so far",
-                             always=True)
+                report.print(f"iter {iter_num}: non-finite loss or gradient norm, {plural(skipped_reported, 'step')} "
+                             "skipped so far", always=True)
             if worst >= max_nonfinite_steps:
                 raise UserError(f"{int(worst)} steps in a row had a non-finite loss or gradient norm (by iter "
                                 f"{iter_num}): stopping; {kept_checkpoint(saved)}. Lower "
