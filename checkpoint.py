@@ -497,20 +497,21 @@ def training_state(model_state: dict, optimizer_state: dict, scaler, model_args:
                    data_files: dict) -> dict:
     """The whole state of a run, as save_checkpoint writes it and restore_training_state puts it back: the
     unwrapped model's weights (no _orig_mod. or module. prefixes) and the optimizer's state, both whole
-    (sharding.full_state), the scaler's state, the model's shape, the config, progress (PROGRESS_KEYS), every
+    (sharding.full_state), the scaler's state, the model's shape, the config, progress (PROGRESS_KEYS, and the
+    steps skipped in a row as non-finite up to this one: a resume goes on counting them), every
     rank's RNG streams, the wandb run id, whether the step was evaluated before the save, the dataset's
     vocabulary (see check_vocabulary) and its token files (dataset.token_files, for dataset.data_change)."""
     return {"model": model_state, "optimizer": optimizer_state, "scaler": scaler.state_dict(),
             "model_args": model_args, "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id,
             "evaluated": evaluated, "vocabulary": vocabulary, "data_files": data_files,
-            **{k: progress[k] for k in PROGRESS_KEYS}}
+            **{k: progress[k] for k in PROGRESS_KEYS}, "nonfinite_streak": progress["nonfinite_streak"]}
 
 
 def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, optimizer, scaler, rank: int,
                            world_size: int, device_type: str) -> dict:
     """Put a checkpoint's weights, optimizer and scaler state back, and this rank's RNG streams when the world
-    size is the one that saved them. Returns the progress (PROGRESS_KEYS), wandb_run_id, evaluated, and
-    rng_restored (False under another world size: the caller seeds fresh streams)."""
+    size is the one that saved them. Returns the progress (PROGRESS_KEYS), wandb_run_id, evaluated, nonfinite_streak
+    and rng_restored (False under another world size: the caller seeds fresh streams)."""
     # a resume with --weight_decay=... changed takes the new value, as it does for the learning rate
     load_model_state(model, checkpoint["model"], path, optimizer, with_own_settings(optimizer, checkpoint["optimizer"]))
     if checkpoint["scaler"]:  # empty from a bf16 or fp32 run: a float16 resume starts its scaler afresh
@@ -518,4 +519,5 @@ def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, 
     rng_restored = len(checkpoint["rng_states"]) == world_size
     if rng_restored:  # each rank continues its own dropout stream
         set_rng_state(checkpoint["rng_states"][rank], device_type)
-    return {**{k: checkpoint[k] for k in (*PROGRESS_KEYS, "wandb_run_id", "evaluated")}, "rng_restored": rng_restored}
+    return {**{k: checkpoint[k] for k in (*PROGRESS_KEYS, "wandb_run_id", "evaluated")}, "rng_restored": rng_restored,
+            "nonfinite_streak": checkpoint.get("nonfinite_streak", 0)}  # older checkpoints: none kept

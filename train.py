@@ -688,7 +688,7 @@ if __name__ == "__main__":
     # the setting `optimizer` names the kind; from here on the name holds the optimizer itself
     optimizer = None if eval_only else build_optimizer(model, optimizer, weight_decay, learning_rate, (beta1, beta2),
                                                        muon_lr, muon_momentum, device_type)  # eval_only: no moments
-    wandb_run_id, skip_first_eval = None, False
+    wandb_run_id, skip_first_eval, streak_before = None, False, 0
     if init_from not in ("scratch", "resume") and start_optimizer is not None and not eval_only:
         refused = take_optimizer_state(optimizer, start_optimizer)
         report.print(f"optimizer state of {init_from} " + (f"not taken: {refused}" if refused else "taken (its moments)"))
@@ -699,6 +699,7 @@ if __name__ == "__main__":
         state = restore_training_state(checkpoint, ckpt_path, model, optimizer, scaler, rank, world_size, device_type)
         iter_num, tokens_seen, best_val_loss, best_iter = (state[k] for k in PROGRESS_KEYS)
         wandb_run_id = state["wandb_run_id"]
+        streak_before = state["nonfinite_streak"]  # a streak of skipped steps goes on counting across the resume
         skip_first_eval = state["evaluated"]  # the checkpoint was written right after this eval
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
             torch.manual_seed(seed_from((seed, 2, iter_num, rank)))
@@ -757,7 +758,8 @@ if __name__ == "__main__":
         model_state, optimizer_state = full_state(raw_model, optimizer, keep=rank == 0)  # gathered under FSDP
 
         def write():
-            progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter)
+            progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter,
+                            nonfinite_streak=int(in_a_row.item()))
             save_checkpoint(training_state(model_state, optimizer_state, scaler, model_args, config, progress, rng_states,
                                            wandb_run_id, evaluated, data["vocabulary"], data_files),
                             os.path.join(out_dir, "ckpt.pt"))
@@ -800,7 +802,8 @@ if __name__ == "__main__":
 
     # ---- training loop
     skip_on_device = not sync_every_step and skips_on_device(optimizer)
-    skipped_steps, in_a_row, worst_in_a_row = (torch.zeros((), device=device) for _ in range(3))
+    skipped_steps = torch.zeros((), device=device)
+    in_a_row, worst_in_a_row = (torch.full((), float(streak_before), device=device) for _ in range(2))
     skipped_reported, last_losses, last_eval_iter = 0, None, None
     saved = (ckpt_path, iter_num) if init_from == "resume" else None  # the checkpoint to go back to, if any
     t_start, train_time, start_iter = time.monotonic(), 0.0, iter_num

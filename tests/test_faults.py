@@ -180,6 +180,25 @@ def test_an_eval_of_weights_that_are_not_finite_writes_no_sample(char_data, tmp_
     assert result.stderr.strip().startswith("error: the last evaluation (iter 8) gave val loss nan")
 
 
+def test_a_streak_of_non_finite_steps_goes_on_counting_across_a_resume(char_data, tmp_path):
+    """A checkpoint written during a streak (its evaluation beat the best) keeps the streak: the resume stops where
+    the unbroken run would have, not max_nonfinite_steps later. Here the checkpoint says 2 skipped in a row, and a
+    nan in its final norm makes every step after it non-finite: the resumed run's first is the streak's third."""
+    out = str(tmp_path / "out")
+    first = run_script("train.py", *args_for(char_data, out, max_iters=4, eval_interval=4), cwd=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    checkpoint = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert checkpoint["nonfinite_streak"] == 0
+    checkpoint["nonfinite_streak"] = 2
+    checkpoint["model"]["transformer.ln_f.weight"][0] = float("nan")
+    torch.save(checkpoint, os.path.join(out, "ckpt.pt"))
+    result = run_script("train.py", *args_for(char_data, out, max_iters=20, eval_interval=20, init_from="resume",
+                                              max_nonfinite_steps=3), cwd=str(tmp_path))
+    assert result.returncode == 1
+    assert "iter 5: non-finite loss or gradient norm, 1 step skipped so far" in result.stdout, result.stdout
+    assert "error: 3 steps in a row had a non-finite loss or gradient norm (by iter 5)" in result.stderr, result.stderr
+
+
 def test_a_sample_whose_logits_are_not_finite_is_a_warning_and_the_run_goes_on(tmp_path):
     """The val loss can be finite while a sample is not: here the prompt's character never occurs in the data, and
     its row of the (untied) embedding is 1e20, which the first norm squares past float32's range."""

@@ -462,7 +462,7 @@ def trained_checkpoint():
     optimizer.step()
     return model, optimizer, training_state(
         model.state_dict(), optimizer.state_dict(), torch.amp.GradScaler("cpu", enabled=False), {}, {},
-        dict(iter_num=1, tokens=16, best_val_loss=9.0, best_iter=0), [], None, True, {}, {})
+        dict(iter_num=1, tokens=16, best_val_loss=9.0, best_iter=0, nonfinite_streak=0), [], None, True, {}, {})
 
 
 def test_a_resume_takes_the_saved_moments_but_this_runs_optimizer_settings():
