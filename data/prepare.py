@@ -64,7 +64,7 @@ def list_files(inputs: list[str]) -> list[str]:
         if os.path.isfile(item):  # as it is, even where its name has glob characters: notes [draft].txt
             if not corpus_kind(item):
                 raise PrepareError(f"{item} is not .txt, .jsonl or .parquet" + compressed_hint([item]))
-            found, others = [item], []
+            found, others, matches = [item], [], []
         else:  # a folder, or a glob (** spans folders) of files and folders
             matches = [item] if os.path.isdir(item) else glob.glob(item, recursive=True)
             found = sorted({f for p in matches
@@ -72,8 +72,10 @@ def list_files(inputs: list[str]) -> list[str]:
             others = [f for f in found if not corpus_kind(f)]
             found = [f for f in found if corpus_kind(f)]
         if not found:
-            raise PrepareError(f"--input {item} matches no {'/'.join(EXTENSIONS)} file" + compressed_hint(others)
-                               + (" (hidden folders such as .git are not searched)" if os.path.isdir(item) else ""))
+            raise PrepareError(f"--input {item} matches no {'/'.join(EXTENSIONS)} file"
+                               + (" (hidden folders such as .git are not searched)"
+                                  if any(os.path.isdir(p) for p in matches) else "")
+                               + compressed_hint(others))
         skipped += others
         for f in found:
             if os.path.realpath(f) not in seen:
@@ -164,7 +166,7 @@ def read_text(path: str) -> str:
     return "".join(read_chunks(path))
 
 
-def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
+def iter_documents(files: list[str], text_field: str = "text", notes: bool = True) -> Iterator[str]:
     """The non-blank documents of each file in turn (see the module docstring for what a document is), read as
     they are needed: memory does not grow with the size of a file."""
     for path in files:
@@ -176,12 +178,12 @@ def iter_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
                 try:
                     for line_number, line in enumerate(f, 1):
                         text = jsonl_text(line, text_field, f"{path} line {line_number}") if line.strip() else ""
-                        nulls, texts = nulls + (text is None), texts + (text is not None)
+                        nulls, texts = nulls + (text is None), texts + bool(text is not None and line.strip())
                         if text and text.strip():
                             yield text
                 except UnicodeDecodeError:
                     raise PrepareError(f"{path} is not UTF-8 text: convert it to UTF-8") from None
-            if nulls:  # skipped, as parquet's nulls are; every one null is more likely the wrong field
+            if nulls and notes:  # skipped, as parquet's nulls are; every one null is more likely the wrong field
                 print(f"note: {path}: skipped {plural(nulls, 'line')} whose '{text_field}' is null"
                       + (" (every line: check --text_field)" if not texts else ""), file=sys.stderr)
         else:
@@ -625,7 +627,8 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         raise PrepareError(f"--val_fraction {val_fraction} is not in (0, 1): train.py needs a val split")
     if len(str(seed)) > 64:  # the split's hash takes it as a key of at most 64 bytes
         raise PrepareError(f"--seed {seed} has {len(str(seed))} characters: give one of at most 64")
-    for flag, value, zero in (("shard_tokens", shard_tokens, "one file per split"), ("workers", workers, "one per core")):
+    for flag, value, zero in (("shard_tokens", shard_tokens, "one file per split"),
+                              ("workers", workers, "one per core")):
         if value < 0:
             raise PrepareError(f"--{flag} {value} must be >= 0 (0: {zero})")
     # the rank file is found once, here, and its bytes handed to the workers: where it cannot be cached (a
@@ -732,7 +735,7 @@ if __name__ == "__main__":
         if args.tokenizer == "gpt2" and args.gpt2_tiktoken and not os.path.isfile(args.gpt2_tiktoken):
             raise PrepareError(f"--gpt2_tiktoken {args.gpt2_tiktoken} is not a file")
         files = list_files(args.input)
-        chars = alphabet(iter_documents(files, args.text_field)) if args.tokenizer == "char" else None
+        chars = alphabet(iter_documents(files, args.text_field, notes=False)) if args.tokenizer == "char" else None
         prepare_corpus(iter_documents(files, args.text_field), args.out_dir, args.tokenizer, chars, args.val_fraction,
                        args.seed, args.workers, args.shard_tokens, args.gpt2_tiktoken, source=" ".join(args.input),
                        overwrite=args.overwrite)

@@ -128,6 +128,15 @@ def test_small_char_vocabulary_is_uint16(tmp_path):
     assert read_split(tmp_path / "out", "train", meta).tolist() == [0, 1, 2, 3, 2, 0, 1, 3]
 
 
+def test_a_char_prepare_notes_a_files_null_texts_once(tmp_path):
+    """The character alphabet's pass reads the corpus too: its notes are not said twice."""
+    (tmp_path / "d.jsonl").write_text('{"text": null}\n' + '{"text": "some words here"}\n' * 20)
+    result = run_script("data/prepare.py", "--input", str(tmp_path / "d.jsonl"), "--out_dir", str(tmp_path / "out"),
+                        "--tokenizer", "char", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("skipped 1 line whose 'text' is null") == 1, result.stderr
+
+
 def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path, capsys):
     path = tmp_path / "dump.jsonl"
     path.write_text(json.dumps({"body": "hello world", "id": 1}) + "\n\n" + json.dumps({"body": "again"}) + "\n")
@@ -137,7 +146,7 @@ def test_jsonl_reads_the_named_field_and_reports_bad_lines(tmp_path, capsys):
     path.write_text('{"body": null}\n{"body": "kept"}\n')  # no text, as a parquet null is: skipped, not an error
     assert list(prepare.iter_documents([str(path)], "body")) == ["kept"]
     assert capsys.readouterr().err == f"note: {path}: skipped 1 line whose 'body' is null\n"
-    path.write_text('{"body": null, "text": "x"}\n' * 2)
+    path.write_text('{"body": null, "text": "x"}\n\n' * 2)  # a blank line is no text either
     assert list(prepare.iter_documents([str(path)], "body")) == []
     assert capsys.readouterr().err == (f"note: {path}: skipped 2 lines whose 'body' is null (every line: check "
                                        "--text_field)\n")
@@ -227,9 +236,9 @@ def test_a_folder_takes_its_corpus_files_whatever_their_case_and_names_the_files
     (c / "sub" / "more.txt").unlink()
     (c / "A.TXT").unlink()
     (c / "b.jsonl").unlink()
-    with pytest.raises(prepare.PrepareError, match=r"^--input .*c matches no .txt/.jsonl/.parquet file; c.jsonl.gz is "
-                                                   r"compressed: decompress such files first \(hidden folders such as "
-                                                   r".git are not searched\)$"):
+    with pytest.raises(prepare.PrepareError, match=r"^--input .*c matches no .txt/.jsonl/.parquet file \(hidden folders "
+                                                   r"such as .git are not searched\); c.jsonl.gz is compressed: "
+                                                   r"decompress such files first$"):
         prepare.list_files([str(c)])
     with pytest.raises(prepare.PrepareError, match=r"c.jsonl.gz is not .txt, .jsonl or .parquet; c.jsonl.gz is "
                                                    r"compressed"):
