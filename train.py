@@ -330,8 +330,10 @@ def unused_settings(config: dict, given: set) -> list[str]:
     a fork that switches a feature off keeps the settings that went with it. config: the run's, its model's
     architecture settled (a resume's or an init_from's)."""
     wsd, muon = config["lr_schedule"] in ("wsd", "wsd-sqrt"), config["optimizer"] == "muon"
-    needs = dict(cooldown_frac=("lr_schedule='wsd' or 'wsd-sqrt'", wsd), muon_lr=("optimizer='muon'", muon),
-                 muon_momentum=("optimizer='muon'", muon), rope_theta=("pos_emb='rope'", config["pos_emb"] == "rope"),
+    # (with decay_lr=False every schedule setting is unused, which train.py names apart)
+    needs = dict(cooldown_frac=("lr_schedule='wsd' or 'wsd-sqrt'", wsd or not config["decay_lr"]),
+                 muon_lr=("optimizer='muon'", muon), muon_momentum=("optimizer='muon'", muon),
+                 rope_theta=("pos_emb='rope'", config["pos_emb"] == "rope"),
                  fsdp_reduce=("parallelism='fsdp'", config["parallelism"] == "fsdp"),
                  compile_mode=("compile=True", config["compile"]))
     needs.update({k: ("hellaswag_interval > 0", config["hellaswag_interval"] > 0)

@@ -694,12 +694,18 @@ def test_overwrite_refuses_to_start_from_a_file_it_would_delete_but_not_from_a_h
 
 def test_settings_given_that_the_run_does_not_use_are_named_with_what_would_use_them():
     from train import config_defaults, unused_settings
-    given = {"cooldown_frac", "muon_lr", "rope_theta", "fsdp_reduce", "sample_prompt", "hellaswag_items", "n_layer"}
-    assert unused_settings(config_defaults, given) == [
-        "cooldown_frac is not used: it needs lr_schedule='wsd' or 'wsd-sqrt'", "muon_lr is not used: it needs "
-        "optimizer='muon'", "rope_theta is not used: it needs pos_emb='rope'", "fsdp_reduce is not used: it needs "
-        "parallelism='fsdp'", "hellaswag_items is not used: it needs hellaswag_interval > 0",
-        "sample_prompt is not used: it needs sample_interval > 0"]
+    given = {"cooldown_frac", "muon_lr", "muon_momentum", "rope_theta", "fsdp_reduce", "compile_mode", "sample_prompt",
+             "sample_tokens", "hellaswag_file", "hellaswag_items", "n_layer"}
+    off = dict(config_defaults, compile=False)
+    assert unused_settings(off, given) == [
+        "cooldown_frac is not used: it needs lr_schedule='wsd' or 'wsd-sqrt'",
+        "muon_lr is not used: it needs optimizer='muon'", "muon_momentum is not used: it needs optimizer='muon'",
+        "rope_theta is not used: it needs pos_emb='rope'", "fsdp_reduce is not used: it needs parallelism='fsdp'",
+        "compile_mode is not used: it needs compile=True",
+        "hellaswag_file is not used: it needs hellaswag_interval > 0",
+        "hellaswag_items is not used: it needs hellaswag_interval > 0",
+        "sample_prompt is not used: it needs sample_interval > 0", "sample_tokens is not used: it needs sample_interval > 0"]
     used = dict(config_defaults, lr_schedule="wsd", optimizer="muon", pos_emb="rope", parallelism="fsdp",
                 sample_interval=1, hellaswag_interval=1)
     assert unused_settings(used, given) == []
+    assert unused_settings(dict(off, decay_lr=False), {"cooldown_frac"}) == []  # decay_lr=False's own warning names it
