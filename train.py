@@ -923,7 +923,7 @@ if __name__ == "__main__":
             if skipped > skipped_reported:
                 skipped_reported = int(skipped)
                 report.print(f"iter {iter_num}: non-finite loss or gradient norm, {plural(skipped_reported, 'step')} "
-                             "skipped so far", always=True)
+                             "skipped so far this session", always=True)
             if worst >= max_nonfinite_steps:
                 raise UserError(f"{int(worst)} steps in a row had a non-finite loss or gradient norm (by iter "
                                 f"{iter_num}): stopping; {kept_checkpoint(saved)}. Lower "

@@ -195,7 +195,7 @@ def test_a_streak_of_non_finite_steps_goes_on_counting_across_a_resume(char_data
     result = run_script("train.py", *args_for(char_data, out, max_iters=20, eval_interval=20, init_from="resume",
                                               max_nonfinite_steps=3), cwd=str(tmp_path))
     assert result.returncode == 1
-    assert "iter 5: non-finite loss or gradient norm, 1 step skipped so far" in result.stdout, result.stdout
+    assert "iter 5: non-finite loss or gradient norm, 1 step skipped so far this session" in result.stdout, result.stdout
     assert "error: 3 steps in a row had a non-finite loss or gradient norm (by iter 5)" in result.stderr, result.stderr
 
 
