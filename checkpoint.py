@@ -159,8 +159,10 @@ def check_same_checkpoint(checkpoint: dict, path: str, world_size: int):
 
 def chars_differ(dataset: str, checkpoint: str) -> str:
     """How a dataset's characters differ from a checkpoint's, for an error: those only one has, or their order."""
-    only = [f"only the {who} has {''.join(sorted(set(a) - set(b)))[:20]!r}"
-            for who, a, b in (("dataset", dataset, checkpoint), ("checkpoint", checkpoint, dataset)) if set(a) - set(b)]
+    only = [(who, "".join(sorted(set(a) - set(b)))) for who, a, b in (("dataset", dataset, checkpoint),
+                                                                        ("checkpoint", checkpoint, dataset))]
+    only = [f"only the {who} has {plural(len(chars), 'character')}, {chars[:20]!r}{'...' if len(chars) > 20 else ''}"
+            for who, chars in only if chars]
     return "; ".join(only) or "the same characters in another order"
 
 
