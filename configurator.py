@@ -120,9 +120,8 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
         run = f"; for the run in it, pass --out_dir={path}" if "out_dir" in config else ""
         raise UserError(f"'{path}' is a folder, not a config file: settings are given as --key=value{run}")
     if not os.path.isfile(path):
-        key = path.split("=", 1)[0]
-        if "=" in path and key.isidentifier() and key in config:  # a setting without its dashes
-            raise UserError(f"'{path}' is neither a config file nor a setting: give settings as --{path}")
+        if "=" in path and path.split("=", 1)[0].isidentifier():  # a setting without its dashes
+            raise UserError(f"'{path}' is not a config file: give settings with their dashes, --{path}")
         raise UserError(f"config file '{path}' not found: give a path such as config/train_shakespeare_char.py")
     kind = os.path.splitext(path)[1].lower()
     if kind in (".json", ".yaml", ".yml", ".toml"):
@@ -285,8 +284,8 @@ def describe(path: str, config: dict) -> str:
     """--help text: every setting with its default and the comment beside it (rule included) in the script
     at path, under the `# ---- section` banners that group them there; the defaults, not what the command's own
     config files and flags make of them."""
-    lines, last_heading = [f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]",
-                           "the settings and their defaults (config files and flags, applied in order, change them):"], ""
+    usage = f"usage: python {os.path.basename(path)} [config_file.py ...] [--key=value ...]"
+    lines, last_heading = [usage, "the settings and their defaults (config files and flags, in order, change them):"], ""
     for heading, name, comment in settings_in_source(path, config):
         if heading != last_heading:
             lines.append(f"\n{heading}:")

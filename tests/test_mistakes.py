@@ -457,7 +457,7 @@ CASES = [
     Case("sample gpt2 without transformers", "sample.py", ["--init_from=gpt2", "--device=cpu"],
          r"needs Hugging Face transformers", runner=WITHOUT_TRANSFORMERS),
     Case("a setting without its dashes", "sample.py", ["--out_dir={run}", "--device=cpu", "num_samples=2"],
-         r"'num_samples=2' is neither a config file nor a setting: give settings as --num_samples=2$"),
+         r"'num_samples=2' is not a config file: give settings with their dashes, --num_samples=2$"),
     Case("sample a run folder", "sample.py", ["{run}", "--device=cpu"],
          r"'.*run' is a folder, not a config file: settings are given as --key=value; for the run in it, pass --out_dir=.*run"),
     Case("sample empty prompt", "sample.py", ["--out_dir={run}", "--device=cpu", "--start="],
