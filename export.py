@@ -62,10 +62,10 @@ def check_target(folder: str, overwrite: bool):
     others = [n for n in names if not (os.path.isfile(os.path.join(folder, n)) and n.endswith(EXPORT_FILES))]
     if others or "config.json" not in names or not weights:  # whatever overwrite says: only an export is replaced
         why = f"it holds {', '.join(sorted(others)[:4])}" if others else "it lacks config.json or weights"
-        raise UserError(f"{folder} already exists and is not an earlier export ({why}): choose another --to")
+        raise UserError(f"--to={folder} already exists and is not an earlier export ({why}): choose another --to")
     if not overwrite:
-        raise UserError(f"{folder} already holds an export: choose another --to, or pass --overwrite=True to replace "
-                        "it")
+        raise UserError(f"--to={folder} already holds an export: choose another --to, or pass --overwrite=True to "
+                        "replace it")
 
 
 def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) -> str:
