@@ -100,7 +100,7 @@ corpus_text = "data/shakespeare_char/input.txt"  # --mode=prepare: text to build
 corpus_mb = 300  # --mode=prepare: corpus size in MB, as files of about 1 MB of shuffled paragraphs [corpus_mb > 0]
 gpt2_tiktoken = ""  # --mode=prepare: GPT-2's rank file, for machines without network
 # ---- system
-device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU, --mode=train's model keys left at their defaults shrink to n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12 (CPU_MODEL), whatever --help shows
+device = "auto"  # 'auto' (cuda if there is a GPU, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a CPU, --mode=train's model keys left at their defaults shrink to n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12 (CPU_MODEL; --help shows GPT-2's defaults)
 dtype = "auto"  # 'float32', 'bfloat16', 'float16', or 'auto' (bf16 where the GPU has it, else fp16; fp32 off CUDA) [dtype in ('auto', 'float32', 'bfloat16', 'float16')]
 compile = True  # torch.compile the model (after a test compile; without it where that fails)
 compile_mode = "default"  # torch.compile's mode: 'default', 'max-autotune' (slower compile, tuned kernels, CUDA graphs), 'reduce-overhead' (CUDA graphs) or 'max-autotune-no-cudagraphs'; on a GPU the two with CUDA graphs need gradient_accumulation_steps=1 [compile_mode in ('default', 'max-autotune', 'reduce-overhead', 'max-autotune-no-cudagraphs')]

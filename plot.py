@@ -142,7 +142,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dirs", nargs="+", help="run folders holding metrics.csv (or their metrics.csv files)")
     parser.add_argument("--out", help="PNG to write (default: plot.png in the first run's folder)")
-    parser.add_argument("--smooth", type=float, default=0.9, help="EMA weight for the train loss, from 0 (none) to below 1 (default: 0.9)")
+    parser.add_argument("--smooth", type=float, default=0.9,
+                        help="EMA weight for the train loss, from 0 (none) to below 1 (default: 0.9)")
     parser.add_argument("--logx", action="store_true", help="log-scale token axis")
     args = parser.parse_args()
     args.out_dirs = [os.path.dirname(d) or "." if os.path.basename(d) == "metrics.csv" and not os.path.isdir(d) else d
