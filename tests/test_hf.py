@@ -530,6 +530,7 @@ def test_a_file_that_is_no_checkpoint_is_refused(tmp_path):
         load_trained(str(tmp_path / "x.pt"), "")
 
 
+@pytest.mark.slow  # two processes that import transformers
 def test_a_hub_model_in_the_local_cache_loads_without_asking_the_hub(tmp_path):
     """init_from=gpt2 downloaded once loads from the cache with no request: on a node without network,
     transformers would first retry the hub; a damaged copy is named as such. The hub here is a local socket that
