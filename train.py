@@ -750,18 +750,19 @@ if __name__ == "__main__":
                                                          f"{saved[1]}" if saved else "no checkpoint had been written"),
                          always=True)
         else:
-            save(evaluated=False, improved=False)
+            save(evaluated=False, improved=False, streak=0)
             report.print(f"stopped by signal {where}; resume with --init_from=resume", always=True)
 
-    def save(evaluated: bool, improved: bool):
-        """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt). All ranks call it; when
-        rank 0 cannot save, every rank stops with its message."""
+    def save(evaluated: bool, improved: bool, streak: int):
+        """Checkpoint the whole run state to ckpt.pt (and best.pt, ckpt_<iter>.pt), with the streak of steps skipped
+        as non-finite up to it (as the caller read it). All ranks call it; when rank 0 cannot save, every rank stops
+        with its message."""
         rng_states = gather_rng_states(device_type, world_size)
         model_state, optimizer_state = full_state(raw_model, optimizer, keep=rank == 0)  # gathered under FSDP
 
         def write():
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter,
-                            nonfinite_streak=int(in_a_row.item()))
+                            nonfinite_streak=streak)
             save_checkpoint(training_state(model_state, optimizer_state, scaler, model_args, config, progress, rng_states,
                                            wandb_run_id, evaluated, data["vocabulary"], data_files),
                             os.path.join(out_dir, "ckpt.pt"))
@@ -875,7 +876,7 @@ if __name__ == "__main__":
                                  f"non-finite and the val loss is no better than the best; {kept_checkpoint(saved)}",
                                  always=True)
                 else:
-                    save(evaluated=True, improved=improved)
+                    save(evaluated=True, improved=improved, streak=streak)
                     saved = (os.path.join(out_dir, "ckpt.pt"), iter_num)
             t_log += time.monotonic() - t_eval  # keep evaluation out of the ms/iter figures
         skip_first_eval = False
