@@ -177,9 +177,14 @@ def iter_documents(files: list[str], text_field: str = "text", notes: bool = Tru
             with open(path, encoding="utf-8-sig", errors="strict") as f:  # a byte-order mark is no text
                 try:
                     for line_number, line in enumerate(f, 1):
-                        text = jsonl_text(line, text_field, f"{path} line {line_number}") if line.strip() else ""
-                        nulls, texts = nulls + (text is None), texts + bool(text is not None and line.strip())
-                        if text and text.strip():
+                        if not line.strip():
+                            continue
+                        text = jsonl_text(line, text_field, f"{path} line {line_number}")
+                        if text is None:
+                            nulls += 1
+                            continue
+                        texts += 1
+                        if text.strip():
                             yield text
                 except UnicodeDecodeError:
                     raise PrepareError(f"{path} is not UTF-8 text: convert it to UTF-8") from None
