@@ -159,11 +159,13 @@ def check_same_checkpoint(checkpoint: dict, path: str, world_size: int):
 
 def chars_differ(dataset: str, checkpoint: str) -> str:
     """How a dataset's characters differ from a checkpoint's, for an error: those only one has, or their order."""
-    only = [(who, "".join(sorted(set(a) - set(b)))) for who, a, b in (("dataset", dataset, checkpoint),
-                                                                        ("checkpoint", checkpoint, dataset))]
-    only = [f"only the {who} has {plural(len(chars), 'character')}, {chars[:20]!r}{'...' if len(chars) > 20 else ''}"
-            for who, chars in only if chars]
-    return "; ".join(only) or "the same characters in another order"
+    parts = []
+    for who, ours, theirs in (("dataset", dataset, checkpoint), ("checkpoint", checkpoint, dataset)):
+        only = "".join(sorted(set(ours) - set(theirs)))
+        if only:
+            parts.append(f"only the {who} has {plural(len(only), 'character')}, {only[:20]!r}"
+                         + ("..." if len(only) > 20 else ""))
+    return "; ".join(parts) or "the same characters in another order"
 
 
 def check_vocabulary(saved: dict | None, vocabulary: dict, dataset: str, path: str, resuming: bool = True) -> dict:
