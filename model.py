@@ -439,10 +439,12 @@ class GPT(nn.Module):
 
         Logits of nan or +inf (damaged weights, or float16 overflowing) raise FloatingPointError at the end,
         rather than sampling token 0 or stopping the process inside torch.multinomial."""
-        problems = [f"idx of shape {tuple(idx.shape)}"] if idx.dim() != 2 else []
-        problems += [f"{name} {value}" for name, value, low in (
-            ("prompt length", idx.size(-1) if idx.dim() else 1, 1), ("max_new_tokens", max_new_tokens, 0),
-            ("top_k", top_k, 1), ("n_tokens", n_tokens, 1)) if value is not None and value < low]
+        if idx.dim() != 2:
+            problems = [f"idx of shape {tuple(idx.shape)}"]
+        else:
+            problems = [] if idx.size(1) else ["prompt length 0"]
+        limits = (("max_new_tokens", max_new_tokens, 0), ("top_k", top_k, 1), ("n_tokens", n_tokens, 1))
+        problems += [f"{name} {value}" for name, value, low in limits if value is not None and value < low]
         if not temperature >= 0:  # nan too
             problems.append(f"temperature {temperature}")
         if problems:
