@@ -187,12 +187,16 @@ def check_vocabulary(saved: dict | None, vocabulary: dict, dataset: str, path: s
     return {"tokenizer": saved.get("tokenizer"), "chars": saved.get("chars")}
 
 
-def check_init_from(init_from: str, own: tuple[str, ...]):
+def check_init_from(init_from: str, own: tuple[str, ...], checkpoint: str = "ckpt.pt"):
     """init_from must be one of the script's own choices (own: 'scratch', 'resume'), a GPT-2 name, a folder or a
-    checkpoint file."""
+    checkpoint file; checkpoint (sample.py's, eval.py's and export.py's choice of a file in out_dir) other than
+    ckpt.pt only with init_from='resume', which alone reads it."""
     if init_from not in (*own, *hf.PRETRAINED) and not os.path.exists(init_from):
         raise UserError(f"init_from={init_from!r} is not {', '.join(own)}, one of {', '.join(hf.PRETRAINED)}, a folder "
                         "saved by transformers, or a checkpoint file (this trainer's or nanoGPT's ckpt.pt)")
+    if checkpoint != "ckpt.pt" and init_from != "resume":
+        raise UserError(f"checkpoint={checkpoint!r} picks a file in out_dir, which init_from={init_from!r} does not read: "
+                        "drop --checkpoint, or pass that file's path as --init_from")
 
 
 def strip_prefixes(name: str) -> str:
@@ -305,9 +309,9 @@ def own_kept_step(name: str) -> int:
 
 def checkpoint_file(out_dir: str, name: str) -> str:
     """The path of checkpoint `name` in out_dir; ckpt_<iter>.pt may name a kept step without the zero padding of
-    its file name (ckpt_900.pt for ckpt_0000900.pt)."""
+    its file name (ckpt_900.pt for ckpt_0000900.pt), unless a file has that very name (a copy the user named)."""
     path = os.path.join(out_dir, name)
-    if kept_step(name) >= 0:
+    if kept_step(name) >= 0 and not os.path.isfile(path):
         padded = os.path.join(out_dir, kept_name(kept_step(name)))
         path = padded if os.path.isfile(padded) else path
     return path
@@ -321,6 +325,9 @@ def load_trained(init_from: str, ckpt_path: str) -> tuple[GPT, dict | None]:
         if hf.has_weights(folder):  # an export given as out_dir
             raise UserError(f"no checkpoint at {ckpt_path}: {folder} holds a transformers model (export.py's, say): "
                             f"pass --init_from={folder}")
+        if os.path.isfile(folder):  # out_dir names the checkpoint itself
+            raise UserError(f"no checkpoint at {ckpt_path}: {folder} is a file, not a run's folder; for a checkpoint "
+                            f"file, pass --init_from={folder}")
         if not os.path.isdir(folder):
             raise UserError(f"no checkpoint at {ckpt_path}: there is no folder {folder}; check out_dir and checkpoint")
         try:  # the checkpoints that are there: ckpt.pt, best.pt and the like, and the last three kept steps

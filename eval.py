@@ -11,6 +11,7 @@ out_file when one is named.
 """
 import os
 import sys
+import tempfile
 import time
 
 import configurator
@@ -38,10 +39,16 @@ def check_out_file(path: str):
     is overwritten only when it holds an earlier result of this script (not a run's summary.json or meta.json)."""
     if not path:
         return
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
         raise UserError(f"out_file {path}: its folder does not exist: create it, or name another")
     if os.path.isdir(path):
         raise UserError(f"out_file {path} is a folder: name a .json file")
+    try:  # as write_json will, before the scoring (an hour for a large model) rather than after
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise UserError(f"out_file {path}: cannot write in {folder} ({e.strerror or e}): name a file on a writable "
+                        "disk") from None
     fix = "choose another out_file, or remove that file"
     if not replaceable_result(path, RESULT_KEYS, fix):
         raise UserError(f"out_file {path} already exists and is not an earlier result of eval.py: {fix}")
@@ -51,7 +58,7 @@ if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
-    check_init_from(init_from, ("resume",))
+    check_init_from(init_from, ("resume",), checkpoint)
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
     check_out_file(out_file)

@@ -20,7 +20,7 @@ import torch
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import UserError, excepthook, signals_deferred
-from hf import no_progress_bars, to_transformers, write_tokenizer
+from hf import has_weights, no_progress_bars, to_transformers, write_tokenizer
 
 init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
 out_dir = "out"  # where the checkpoint is, with init_from='resume'
@@ -56,11 +56,10 @@ def check_target(folder: str, overwrite: bool):
     if here == target or here.startswith(target + os.sep):
         raise UserError(f"--to={folder} is the working folder or holds it: choose another --to")
     names = os.listdir(folder)
-    if not names and not os.path.islink(folder) and not os.path.ismount(folder):  # made ahead (mkdir) for the
-        return  # export, nothing in it to lose: replaced as a whole, which a link or a mount point cannot be
-    weights = any(n.endswith(".safetensors") or n == "pytorch_model.bin" for n in names)
+    if not names and not os.path.ismount(folder):  # made ahead (mkdir) for the export, nothing in it to lose:
+        return  # replaced as a whole, which a mount point cannot be (a link was followed: see target_folder)
     others = [n for n in names if not (os.path.isfile(os.path.join(folder, n)) and n.endswith(EXPORT_FILES))]
-    if others or "config.json" not in names or not weights:  # whatever overwrite says: only an export is replaced
+    if others or "config.json" not in names or not has_weights(folder):  # whatever overwrite says: only an export is replaced
         why = f"it holds {', '.join(sorted(others)[:4])}" if others else "it lacks config.json or weights"
         raise UserError(f"--to={folder} already exists and is not an earlier export ({why}): choose another --to")
     if not overwrite:
@@ -68,8 +67,16 @@ def check_target(folder: str, overwrite: bool):
                         "replace it")
 
 
+def target_folder(to: str) -> str:
+    """The folder an export replaces: to, or the folder to links to (a link to a larger disk, say), so that the
+    export lands there and the link stays a link."""
+    link = to.rstrip(os.sep) or to  # link/, as a shell completes it, is the link too
+    return os.path.realpath(link) if os.path.islink(link) and os.path.isdir(link) else to
+
+
 def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) -> str:
-    """Write model and its tokenizer to folder; returns a line saying what was written."""
+    """Write model and its tokenizer to folder (see target_folder); returns a line saying what was written."""
+    folder = target_folder(folder)
     check_target(folder, overwrite)
     hf_model = to_transformers(model, vocab).to(getattr(torch, dtype))
     parent = os.path.dirname(os.path.abspath(folder))
@@ -103,7 +110,7 @@ if __name__ == "__main__":
     sys.excepthook = excepthook
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
-    check_init_from(init_from, ("resume",))
-    check_target(to, overwrite)
+    check_init_from(init_from, ("resume",), checkpoint)
+    check_target(target_folder(to), overwrite)
     model, vocab = load_trained(init_from, checkpoint_file(out_dir, checkpoint))
     print(export(model, vocab, to, dtype, overwrite))

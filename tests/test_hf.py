@@ -143,6 +143,12 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeyp
                                             r"choose another --to$"):
             export(random_model(), vocab, str(run), "float32", overwrite)
     assert (run / "ckpt.pt").read_bytes() == b"weights"
+    sharded = tmp_path / "sharded"  # save_pretrained's sharded .bin weights: a transformers folder like ours
+    sharded.mkdir()
+    for name in ("config.json", "pytorch_model.bin.index.json", "pytorch_model-00001-of-00002.bin"):
+        (sharded / name).write_text("{}")
+    with pytest.raises(UserError, match="already holds an export: choose another --to, or pass --overwrite=True"):
+        export(random_model(), vocab, str(sharded), "float32", False)
     monkeypatch.chdir(folder)  # an earlier export, but the folder export.py runs in
     with pytest.raises(UserError, match="is the working folder or holds it"):
         export(random_model(), vocab, ".", "float32", True)
@@ -150,11 +156,13 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeyp
     (tmp_path / "made").mkdir()  # an empty folder, made ahead for the export: written into, asked or not
     export(second, vocab, str(tmp_path / "made"), "float32", False)
     assert "config.json" in os.listdir(tmp_path / "made")
-    (tmp_path / "real").mkdir()  # a link to one is not replaced, which would leave the folder linked to empty
+    (tmp_path / "real").mkdir()  # a link to one: the export goes where it links, and the link stays
     os.symlink(tmp_path / "real", tmp_path / "link")
-    with pytest.raises(UserError, match="already exists"):
-        export(second, vocab, str(tmp_path / "link"), "float32", False)
-    assert os.path.islink(tmp_path / "link")
+    export(second, vocab, str(tmp_path / "link"), "float32", False)
+    assert os.path.islink(tmp_path / "link") and "config.json" in os.listdir(tmp_path / "real")
+    before = os.stat(tmp_path / "real" / "model.safetensors").st_ino
+    export(random_model(), vocab, str(tmp_path / "link") + os.sep, "float32", True)  # link/: replaced there too
+    assert os.path.islink(tmp_path / "link") and os.stat(tmp_path / "real" / "model.safetensors").st_ino != before
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(UserError, match="exists and is not a folder"):
         export(random_model(), vocab, str(tmp_path / "a_file"), "float32", True)
