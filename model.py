@@ -291,6 +291,16 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w.to(weight.dtype), None, None
 
 
+def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """logits (B, V) with -inf for all but the fewest most likely tokens whose probabilities add up to top_p: a
+    token is dropped when the tokens more likely than it already hold top_p, so the most likely always stays."""
+    ordered, order = logits.sort(dim=-1, descending=True)
+    probs = F.softmax(ordered.float(), dim=-1)  # summed in fp32 whatever the logits' type
+    before = probs.cumsum(dim=-1) - probs  # the mass of the tokens ahead of each
+    drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= top_p)  # back in vocabulary order
+    return logits.masked_fill(drop, -float("inf"))
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -426,9 +436,11 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, use_cache: bool = True, n_tokens: int | None = None):
+                 generator: torch.Generator | None = None, use_cache: bool = True, n_tokens: int | None = None,
+                 top_p: float = 1.0):
         """Extend the token ids idx (B, T) by max_new_tokens tokens, sampled at `temperature` among the top_k
-        most likely (all when None); temperature 0 takes the most likely token (greedy decoding). n_tokens: only
+        most likely (all when None) and, of those, the fewest most likely whose probabilities add up to top_p
+        (nucleus sampling; 1.0 keeps them all); temperature 0 takes the most likely token (greedy decoding). n_tokens: only
         ids below it are sampled (the tokenizer's; a vocabulary padded past it has rows no text decodes). Put the
         model in eval mode first.
 
@@ -447,9 +459,12 @@ class GPT(nn.Module):
         problems += [f"{name} {value}" for name, value, low in limits if value is not None and value < low]
         if not temperature >= 0:  # nan too
             problems.append(f"temperature {temperature}")
+        if not 0 < top_p <= 1:
+            problems.append(f"top_p {top_p}")
         if problems:
             raise ValueError(f"generate got {', '.join(problems)}: it takes idx of shape (B, T) with T >= 1, "
-                             "max_new_tokens >= 0, temperature >= 0, and top_k and n_tokens of 1 or more (or None)")
+                             "max_new_tokens >= 0, temperature >= 0, 0 < top_p <= 1, and top_k and n_tokens of 1 or "
+                             "more (or None)")
         cache = None
         finite = torch.ones((), dtype=torch.bool, device=idx.device)  # read once, at the end: per token, it would wait
         for _ in range(max_new_tokens):
@@ -471,6 +486,8 @@ class GPT(nn.Module):
                 if top_k is not None:
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                     logits[logits < v[:, [-1]]] = -float("inf")
+                if top_p < 1:
+                    logits = nucleus(logits, top_p)
                 probs = F.softmax(logits, dim=-1)
                 idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
             idx = torch.cat((idx, idx_next), dim=1)

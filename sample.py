@@ -27,6 +27,7 @@ num_samples = 10  # samples to draw [num_samples > 0]
 max_new_tokens = 500  # tokens per sample [max_new_tokens > 0]
 temperature = 0.8  # 1.0 samples the model's distribution as is; lower is more conservative; 0 is greedy [0 <= temperature < inf]
 top_k = 200  # sample only among the top_k most likely tokens; 0 disables the cut [top_k >= 0]
+top_p = 1.0  # nucleus sampling: then only among the fewest most likely tokens whose probabilities add up to top_p (0.9, say); 1.0 disables the cut [0 < top_p <= 1]
 seed = 1337  # same seed, same samples [0 <= seed < 2**63]
 # ---- system
 device = "cuda"  # 'cpu', 'cuda', 'cuda:N' or 'mps'
@@ -54,7 +55,7 @@ if __name__ == "__main__":
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
 
-    check_init_from(init_from, ("resume",))
+    check_init_from(init_from, ("resume",), checkpoint)
     device_type = check_device(device)
     dtype = resolve_dtype(dtype, device_type)
     prompt = read_prompt(start)
@@ -81,7 +82,7 @@ if __name__ == "__main__":
         for _ in range(num_samples):
             try:
                 y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
-                                   n_tokens=decodable_ids(vocab))
+                                   top_p=top_p, n_tokens=decodable_ids(vocab))
             except FloatingPointError as e:
                 fix = "try --dtype=float32" if dtype != "float32" else "check the checkpoint"
                 raise UserError(f"{e}, sampling in {dtype}: {fix}") from None

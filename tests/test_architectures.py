@@ -126,14 +126,33 @@ def test_defaults_are_gpt2_module_for_module():
 
 @pytest.mark.parametrize("options", [{}, dict(pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2, qk_norm=True,
                                               tie_embeddings=False, bias=False)], ids=["gpt2", "llama"])
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_kv_cache_generation_gives_the_tokens_of_the_cache_free_path(options, temperature):
+@pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (0.9, 1.0), (0.9, 0.8)])
+def test_kv_cache_generation_gives_the_tokens_of_the_cache_free_path(options, temperature, top_p):
     torch.manual_seed(0)
     model = GPT(config(**options)).eval()
     prompt = torch.randint(40, (3, 5))  # a batch of 3; 30 new tokens go past block_size 16
-    out = [model.generate(prompt, 30, temperature=temperature, top_k=20, use_cache=use_cache,
+    out = [model.generate(prompt, 30, temperature=temperature, top_k=20, use_cache=use_cache, top_p=top_p,
                           generator=torch.Generator().manual_seed(7)) for use_cache in (True, False)]
     assert out[0].shape == (3, 35) and torch.equal(out[0], out[1])
+
+
+def test_nucleus_keeps_the_fewest_most_likely_tokens_that_reach_top_p():
+    from model import nucleus
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3], [0.1, 0.4, 0.2, 0.3]])
+    kept = lambda top_p: torch.isfinite(nucleus(probs.log(), top_p)).tolist()  # noqa: E731
+    assert kept(0.75) == [[False, True, False, True], [False, True, True, True]]  # 0.5 + 0.3; 0.4 + 0.3 + 0.2
+    assert kept(0.85) == [[False, True, True, True], [False, True, True, True]]
+    assert kept(1e-9) == [[False, True, False, False], [False, True, False, False]]  # the most likely, never none
+    assert all(all(row) for row in kept(1.0))
+
+
+def test_a_small_top_p_samples_as_greedy_decoding_does():
+    torch.manual_seed(0)
+    model = GPT(config(pos_emb="rope")).eval()
+    prompt = torch.randint(40, (3, 5))
+    greedy = model.generate(prompt, 12, temperature=0.0)
+    assert torch.equal(model.generate(prompt, 12, top_p=1e-6, generator=torch.Generator().manual_seed(3)), greedy)
+    assert not torch.equal(model.generate(prompt, 12, top_p=0.95, generator=torch.Generator().manual_seed(3)), greedy)
 
 
 def test_generation_compiles_whole_under_dynamic_shapes_as_sample_py_compiles_it():
@@ -181,7 +200,8 @@ def test_generation_refuses_arguments_it_cannot_honour_by_name():
     prompt = torch.zeros(2, 3, dtype=torch.long)
     for kwargs, named in ((dict(top_k=0), "top_k 0"), (dict(top_k=-1), "top_k -1"), (dict(n_tokens=0), "n_tokens 0"),
                           (dict(temperature=-1.0), "temperature -1.0"),
-                          (dict(temperature=float("nan")), "temperature nan"),
+                          (dict(temperature=float("nan")), "temperature nan"), (dict(top_p=0.0), "top_p 0.0"),
+                          (dict(top_p=1.5), "top_p 1.5"), (dict(top_p=float("nan")), "top_p nan"),
                           (dict(max_new_tokens=-1), "max_new_tokens -1"), (dict(idx=prompt[:, :0]), "prompt length 0"),
                           (dict(idx=prompt[0]), r"idx of shape \(3,\)"), (dict(idx=prompt[0, 0]), r"idx of shape \(\)")):
         with pytest.raises(ValueError, match=rf"^generate got {named}: it takes idx of shape \(B, T\)"):
