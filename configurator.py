@@ -124,6 +124,9 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
             raise UserError(f"'{path}' is not a config file: give settings with their dashes, --{path}")
         raise UserError(f"config file '{path}' not found: give a path such as config/train_shakespeare_char.py")
     kind = os.path.splitext(path)[1].lower()
+    if kind in (".pt", ".pth", ".safetensors"):
+        raise UserError(f"'{path}' is a model's weights, not a config file: train.py, sample.py, eval.py and export.py "
+                        f"take it as --init_from={path}")
     if kind in (".json", ".yaml", ".yml", ".toml"):
         raise UserError(f"config file '{path}' is {kind[1:].upper()}: config files are Python, one `key = value` "
                         "per line (see config/)")
@@ -173,9 +176,12 @@ def apply_file(path: str, config: dict, ignored=(), autos=(), defaults: dict | N
     helpers = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     if sum(key not in helpers and not difflib.get_close_matches(key, known, n=1) for key in unknown) >= 3:
         # not typos (those get the closest key, below), but several names unlike any of this script's: a config file
-        # of another script, such as train.py's given to sample.py, whose out_dir (if it names one) this one wants
-        out_dir = scope.get("out_dir") if "out_dir" in scope.assigned and "out_dir" in config else None
-        hint = f"; for the out_dir it names, pass --out_dir={out_dir}" if isinstance(out_dir, str) else ""
+        # of another script, such as train.py's given to sample.py, whose out_dir (if it names one) this one wants, or
+        # the model an evaluation config evaluates (a finetune's init_from is where it starts, not its result)
+        named = {k: scope.get(k) if k in scope.assigned and k in config else None for k in ("init_from", "out_dir")}
+        evaluated = scope.get("eval_only") is True and named["init_from"] not in (None, "scratch", "resume")
+        hint = f"; for the model it evaluates, pass --init_from={named['init_from']}" if evaluated else \
+            f"; for the out_dir it names, pass --out_dir={named['out_dir']}" if isinstance(named["out_dir"], str) else ""
         raise UserError(f"config file '{path}' sets {len(unknown)} settings this script does not have ("
                         f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): it reads as another script's "
                         f"config{hint}; see --help for this one's settings")
@@ -233,7 +239,7 @@ def configure(config: dict, argv: list[str], script: str | None = None, ignored=
                                       in lost.items()) + ": put flags after the config file for them to win",
               file=sys.stderr)
     if check:
-        check_rules(config, setting_rules)
+        check_rules(config, setting_rules, given)
     return config
 
 
@@ -264,9 +270,10 @@ def rules(path: str, config: dict) -> dict[str, str]:
             if (match := RULE.search(comment))}
 
 
-def check_rules(config: dict, setting_rules: dict[str, str]):
+def check_rules(config: dict, setting_rules: dict[str, str], given: set | None = None):
     """A UserError for the first setting whose rule is false (or cannot be evaluated) with these settings.
-    `inf` may appear in a rule; NaN fails every comparison, so `0 < x < inf` also means finite."""
+    `inf` may appear in a rule; NaN fails every comparison, so `0 < x < inf` also means finite. given (see
+    configure): when the setting was not given, but a setting its rule reads was, the error says to give it too."""
     for name, rule in setting_rules.items():
         try:
             ok = eval(compile(rule, f"rule of {name}", "eval"), {"__builtins__": {}, "inf": math.inf}, dict(config))
@@ -276,8 +283,12 @@ def check_rules(config: dict, setting_rules: dict[str, str]):
             raise UserError(f"{name} is empty: give --{name}=...")
         if not ok:
             others = [f"{k}={config[k]!r}" for k in config if k != name and re.search(rf"\b{k}\b", rule)]
-            given = f" (with {', '.join(others)})" if others else ""
-            raise UserError(f"{name}={config[name]!r} is not valid: {name} must satisfy {rule}{given}")
+            with_others = f" (with {', '.join(others)})" if others else ""
+            defaulted = given is not None and name not in given and any(k in given for k in config
+                                                                          if re.search(rf"\b{k}\b", rule))
+            raise UserError(f"{name}={config[name]!r} is not valid: {name} must satisfy {rule}{with_others}"
+                            + (f"; {name} was not given, so it kept its default: give --{name} as well"
+                               if defaulted else ""))
 
 
 def describe(path: str, config: dict) -> str:

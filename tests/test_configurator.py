@@ -241,6 +241,11 @@ def test_a_rule_may_relate_settings_and_names_them_in_the_error():
     with pytest.raises(UserError, match=r"^min_lr=0.01 is not valid: min_lr must satisfy 0 <= min_lr <= learning_rate "
                                         r"\(with learning_rate=0.001\)$"):
         check_rules({"learning_rate": 1e-3, "min_lr": 1e-2}, found)
+    with pytest.raises(UserError, match=r"\(with learning_rate=1e-05\); min_lr was not given, so it kept its default: "
+                                        r"give --min_lr as well$"):  # --learning_rate=1e-5 alone, below min_lr's default
+        check_rules({"learning_rate": 1e-5, "min_lr": 6e-5}, found, given={"learning_rate"})
+    with pytest.raises(UserError, match=r"\(with learning_rate=1e-05\)$"):  # both given: the one line as before
+        check_rules({"learning_rate": 1e-5, "min_lr": 6e-5}, found, given={"learning_rate", "min_lr"})
     with pytest.raises(UserError, match="learning_rate=nan is not valid"):  # NaN fails every comparison
         check_rules({"learning_rate": float("nan"), "min_lr": 0.0}, found)
     with pytest.raises(UserError, match="n_embd=8 is not valid"):  # a rule that cannot be evaluated does not hold
