@@ -1,8 +1,9 @@
 """
 The ground floor that every script stands on: the user-error type and the scripts' error hook, device and
 dtype resolution, the autocast context, joining torchrun's process group and the ranks' agreement on a stop, the
-compile check, peak FLOP/s by GPU, and the one durable atomic write that every file the project replaces whole goes
-through (metrics.csv and samples.txt are appended to). It imports nothing from the project, and torch only inside
+compile check, peak FLOP/s by GPU, and the durable atomic write that the files the project replaces whole go
+through (metrics.csv and samples.txt are appended to; a dataset's token files, written in place as .tmp files, are
+renamed in by dataset.write_meta). It imports nothing from the project, and torch only inside
 the device and process-group helpers: data preparation and its worker processes use this module without loading
 torch.
 """
@@ -45,7 +46,7 @@ def excepthook(exc_type, exc, tb):
     elif out_of_memory(exc_type):  # a GPU's: the batch asked for more than there is
         said = ". ".join(str(exc).strip().split(". ")[:3]).rstrip(".")  # what it asked for, and what was free
         print(f"error: the GPU ran out of memory ({said}): use a smaller micro-batch "
-              "(batch_size, raising gradient_accumulation_steps to keep the tokens per step; num_samples in sample.py) "
+              "(batch_size, raising gradient_accumulation_steps to keep the tokens per step) "
               "or activation_checkpointing=True; NANOGPT_TRACEBACK=1 shows where", file=sys.stderr)
     elif issubclass(exc_type, BrokenPipeError) and stdout_closed():  # its reader went (`| head`): as a shell tool,
         to_devnull(sys.stdout)  # quietly
@@ -394,6 +395,21 @@ def peak_flops(device) -> float | None:
 NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP)  # flock on a filesystem without locks
 
 
+def ended_here(holder: str) -> bool:
+    """Whether a holder's description (FolderLock.claim's, "... (pid N on HOST, ...") names a process of this host
+    that is no longer running."""
+    named = re.search(r"\(pid (\d+) on ([^,)]+)", holder)
+    if not named or named[2] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(named[1]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):  # another user's process; or no pid at all
+        return False
+    return False
+
+
 class FolderLock:
     """An exclusive hold on a folder for the life of this process: an flock on folder/run.lock, which the
     kernel releases when the process ends, however it ends (kill -9 too), so no stale lock is left.
@@ -410,6 +426,8 @@ class FolderLock:
             self.file.seek(0)
             holder = self.file.read().strip() or "another process"
             self.file.close()
+            if ended_here(holder):  # the holder writes its name only once its checks pass: the text is its forerunner's
+                holder = f"another process, still starting (run.lock names the run before it, {holder}, which has ended)"
             raise UserError(f"out_dir {folder} is in use by {holder}: wait for that run to end, or choose another "
                             "out_dir") from None
         except OSError as e:  # a filesystem without locks (some NFS, Lustre or FUSE mounts): run, but say so

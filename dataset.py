@@ -392,7 +392,9 @@ def check_block_size(data: dict, block_size: int):
                             + ("prepare it again with a larger --shard_tokens" if sharded else "add data"))
 
 
-EVAL_STREAM = 2**32  # first element of evaluation batch keys; training keys start with the (smaller) seed
+# first element of evaluation batch keys, which SeedSequence reads as the words [0, 1, split, k]: no training key
+# (seed, 0, step, micro-step) reads so, whatever the seed (below 2**32 its second word is 0; from there it is longer)
+EVAL_STREAM = 2**32
 
 
 def eval_key(split: str, k: int) -> tuple[int, int, int]:

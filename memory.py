@@ -240,3 +240,18 @@ def check_fits(parts: dict, free: int | None, model: GPT, settings: dict):
     hint = "; ".join(fixes) if fixes else "a smaller model, or more devices"
     raise UserError(f"this run needs about {parts['total'] / GIB:.2f} GiB per device but {free / GIB:.2f} GiB is "
                     f"free ({breakdown(parts)}): it would run out of memory. What fits: {hint}")
+
+
+def no_auto_batch(model: GPT, settings: dict, free: int | None) -> str:
+    """Why batch_size='auto' found no micro-batch (largest_batch gave None, settings as it took them): what would
+    fit, as check_fits says it for a batch of 1, when not even that fits in the free memory; else the batch of 1
+    fits, but not in AUTO_SHARE of it."""
+    if free is None:
+        return "batch_size='auto' needs the device's free memory, which is not known here: give --batch_size=N"
+    one = {**settings, "batch_size": 1}
+    try:
+        check_fits(plan(model, **one), free, model, one)
+    except UserError as e:
+        return f"batch_size='auto' found no micro-batch that fits, not even 1 sequence: {e}"
+    return (f"batch_size='auto' found no micro-batch that fits in {AUTO_SHARE:.0%} of the {free / GIB:.2f} GiB free (the "
+            "plan is an estimate): --batch_size=1 fits in all of it, if barely")

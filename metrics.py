@@ -102,8 +102,10 @@ def read_rows(out_dir: str) -> list[dict]:
     return rows
 
 
-def truncate(out_dir: str, iter_num: int):
-    """Drop rows past iter_num, written by a run that stopped after its last checkpoint; iter_num -1 drops all."""
+def truncate(out_dir: str, iter_num: int, redone: bool = False):
+    """Drop rows past iter_num, written by a run that stopped after its last checkpoint, and iter_num's evaluation
+    row when redone (the checkpoint was saved before that evaluation, so the resume evaluates again); iter_num -1
+    drops all."""
     path = metrics_path(out_dir)
     if not os.path.exists(path):
         return
@@ -111,7 +113,7 @@ def truncate(out_dir: str, iter_num: int):
         os.remove(path)
         return
     rows = read_rows(out_dir) if os.path.getsize(path) else []
-    kept = [r for r in rows if int(r["iter"]) <= iter_num]
+    kept = [r for r in rows if int(r["iter"]) < iter_num or int(r["iter"]) == iter_num and not (redone and r["val_loss"])]
     if len(kept) < len(rows):
         rewrite(path, kept)
 

@@ -73,14 +73,14 @@ def read_samples(path: str) -> list[list]:
     return [[int(h.group(1)), content[h.end():end].removesuffix("\n")] for h, end in zip(heads, ends)]
 
 
-def truncate_samples(out_dir: str, iter_num: int) -> list[list]:
-    """Drop the samples past iter_num from samples.txt, as metrics.truncate drops rows (a resumed run writes
-    them again); returns the samples kept."""
+def truncate_samples(out_dir: str, iter_num: int, redone: bool = False) -> list[list]:
+    """Drop the samples past iter_num from samples.txt, and iter_num's when its evaluation is redone, as
+    metrics.truncate drops rows (a resumed run writes them again); returns the samples kept."""
     path = os.path.join(out_dir, "samples.txt")
     if not os.path.exists(path):
         return []
     samples = read_samples(path)
-    kept = [s for s in samples if s[0] <= iter_num]
+    kept = [s for s in samples if s[0] < iter_num or s[0] == iter_num and not redone]
     if len(kept) < len(samples):
         with atomic_write(path, encoding="utf-8") as f:
             f.writelines(sample_entry(it, text) for it, text in kept)
@@ -88,7 +88,8 @@ def truncate_samples(out_dir: str, iter_num: int) -> list[list]:
 
 
 class NoWandb:
-    """Stands in for wandb when it is off, so that no call site needs an `if wandb_log`."""
+    """Stands in for wandb when it is off, so that the events log to it with no `if wandb_log` (only the samples'
+    table, which has no use but wandb's, is not built for it)."""
 
     def log(self, *args, **kwargs):
         pass
@@ -190,6 +191,11 @@ def failing_wandb(hook, wandb):
     return excepthook
 
 
+SUMMARY_KEYS = ("iters", "tokens", "stopped_by_signal", "skipped_steps", "final_train_loss", "final_val_loss",
+                "final_loss_iter", "best_val_loss", "best_iter", "wall_time_s", "first_step_s", "mean_tokens_per_sec",
+                "mean_mfu", "checkpoint")  # summary.json's (a rebuilt one adds "rebuilt")
+
+
 class Reporter:
     def __init__(self, out_dir: str, log_format: str, active: bool):
         self.out_dir, self.format, self.active = out_dir, log_format, active
@@ -206,10 +212,13 @@ class Reporter:
         if self.active:
             print(f"warning: {text}", file=sys.stderr, flush=True)
 
-    def start(self, config: dict, info: dict, truncate_at: int, wandb_settings: dict | None) -> str | None:
+    def start(self, config: dict, info: dict, truncate_at: int, wandb_settings: dict | None,
+              redone: bool = False) -> str | None:
         """Write config.json and run.json, drop metrics rows and samples past truncate_at (-1, a new run: all of
-        them), start wandb when wandb_settings (project, name, id, and `relogs`: whether this session's
-        steps may differ from those the run logged past truncate_at) are given; returns the wandb run id."""
+        them; and truncate_at's evaluation and sample when redone, as a resume from a checkpoint saved before
+        them evaluates that step again), start wandb when wandb_settings (project, name, id, and `relogs`: why this session's steps may
+        differ from those the run logged past truncate_at, as "with other settings", or None) are given; returns
+        the wandb run id."""
         if not self.active:
             return None
         path = metrics.metrics_path(self.out_dir)
@@ -230,8 +239,8 @@ class Reporter:
             name, run_id = wandb_settings["name"], wandb_settings["id"]
             if run_id and logged > truncate_at and wandb_settings["relogs"]:
                 name, run_id = f"{name} from iter {truncate_at}", None
-                self.print(f"wandb: the run logged iters up to {logged} with other settings; this session logs to a new "
-                           f"wandb run, {name!r}, as wandb would drop its steps up to iter {logged}", always=True)
+                self.print(f"wandb: the run logged iters up to {logged} {wandb_settings['relogs']}; this session logs "
+                           f"to a new wandb run, {name!r}, as wandb would drop its steps up to iter {logged}", always=True)
             hook = sys.excepthook  # the scripts' one error line, which wandb.init replaces with its traceback
             try:
                 wandb.init(project=wandb_settings["project"], name=name, config=config, id=run_id, resume="allow")
@@ -252,9 +261,9 @@ class Reporter:
                 if os.path.exists(os.path.join(self.out_dir, "summary.json")):
                     os.remove(os.path.join(self.out_dir, "summary.json"))
         with writing_run_files(self.out_dir, "metrics.csv"):
-            metrics.truncate(self.out_dir, truncate_at)
+            metrics.truncate(self.out_dir, truncate_at, redone)
         with writing_run_files(self.out_dir, "samples.txt"):
-            self.samples = truncate_samples(self.out_dir, truncate_at)  # wandb's table goes on with these
+            self.samples = truncate_samples(self.out_dir, truncate_at, redone)  # wandb's table goes on with these
         return run_id
 
     def eval(self, it: int, tokens: int, losses: dict):
@@ -333,7 +342,9 @@ class Reporter:
             self.wandb.log({"samples": self.wandb.Table(columns=["iter", "sample"], data=self.samples)}, step=it)
 
     def summary(self, summary: dict):
-        """Write summary.json and print it: one JSON line, or one sentence."""
+        """Write summary.json (SUMMARY_KEYS) and print it: one JSON line, or one sentence."""
+        if set(summary) != set(SUMMARY_KEYS):  # the loop's keys, and rebuild_summary's, are this file format's
+            raise ValueError(f"the summary's keys differ from SUMMARY_KEYS in {sorted(set(summary) ^ set(SUMMARY_KEYS))}")
         if not self.active:
             return
         with writing_run_files(self.out_dir, "summary.json"):
@@ -355,6 +366,28 @@ class Reporter:
                   + (f"{summary['mean_tokens_per_sec']:,.0f} tok/s" if summary["mean_tokens_per_sec"] else "no steps")
                   + (f", mfu {summary['mean_mfu'] * 100:.1f}%" if summary["mean_mfu"] else "")
                   + f"; checkpoint {summary['checkpoint']}; summary in {self.out_dir}/summary.json", flush=True)
+
+    def rebuild_summary(self, checkpoint: dict) -> bool:
+        """summary.json of a finished run whose last session was killed after its final save but before writing
+        it: rebuilt from ckpt.pt (read as checkpoint) and metrics.csv's final evaluation, with null for what only
+        that session knew (its times, its skipped steps). Returns whether it wrote one (none when it is there)."""
+        path = os.path.join(self.out_dir, "summary.json")
+        if not self.active or os.path.exists(path):
+            return False
+        it = checkpoint["iter_num"]
+        try:
+            final = [r for r in metrics.read_rows(self.out_dir) if int(r["iter"]) == it and r["val_loss"]][-1:]
+        except UserError:  # no metrics.csv, or a damaged one: the final losses are not known
+            final = []
+        best = checkpoint["best_val_loss"]
+        known = {"iters": it, "tokens": checkpoint["tokens"], "stopped_by_signal": False,
+                 "final_train_loss": float(final[0]["train_eval_loss"]) if final else None,
+                 "final_val_loss": float(final[0]["val_loss"]) if final else None,
+                 "final_loss_iter": it if final else None, "best_val_loss": best if best < float("inf") else None,
+                 "best_iter": checkpoint["best_iter"], "checkpoint": os.path.join(self.out_dir, "ckpt.pt")}
+        with writing_run_files(self.out_dir, "summary.json"):  # the session's times and skipped steps: null
+            write_json(path, {**{k: known.get(k) for k in SUMMARY_KEYS}, "rebuilt": "from ckpt.pt and metrics.csv"})
+        return True
 
     def finish(self):
         self.wandb.finish()

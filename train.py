@@ -3,8 +3,9 @@ Trains a GPT on one device, or on several with DDP or FSDP (parallelism=). One G
 shrunk (the README's first command, minutes on 2 cores):
 
     python train.py config/train_shakespeare_char.py
-    python train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --block_size=64 \
-        --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
+    python train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1 \
+        --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 \
+        --dropout=0.0
 
 4 GPUs on one node, or 2 nodes of 8 (the micro-steps divide among the processes: 32 of 15 for 16 of them):
 
@@ -45,7 +46,7 @@ from dataset import (Prefetcher, check_block_size, data_change, dataset_files_in
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
 from hf import has_weights
-from memory import check_fits, describe, free_bytes, largest_batch, plan
+from memory import check_fits, describe, free_bytes, largest_batch, no_auto_batch, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 from report import Reporter, check_eval_file, check_wandb, foreign_config
@@ -160,7 +161,9 @@ def check_writable(out_dir: str):
 COMMAND_KEYS = ("init_from", "resume_from", "overwrite", "eval_only", "dry_run", "out_dir")
 RESUME_SAME = (*COMMAND_KEYS, *SHAPE_KEYS, *ARCH_KEYS)
 # settings that give a step other logged values (its batches, its learning rate, its arithmetic): a resume that
-# changes one of these, past steps the run logged, logs them anew (see Reporter.start)
+# changes one of these, past steps the run logged, logs them anew (see Reporter.start). Not those that move a loss
+# at rounding level only (compile, compile_mode, loss_chunk, attention_kernel, parallelism: 1e-7 of it; and
+# activation_checkpointing, which recomputes the same ops), which would split a wandb run for nothing
 VALUE_KEYS = ("seed", "gradient_accumulation_steps", "batch_size", "dropout", "learning_rate", "muon_lr",
               "muon_momentum", "weight_decay", "beta1", "beta2", "grad_clip", "lr_schedule", "cooldown_frac", "decay_lr",
               "warmup_iters", "lr_decay_iters", "min_lr", "dtype", "fp8", "eval_iters")
@@ -381,7 +384,7 @@ if __name__ == "__main__":
     setting_rules = configurator.rules(__file__, config_defaults)
     # a resume's other settings are the run's own unless given (below): their rules are checked once they are known
     configurator.check_rules(config, {k: rule for k, rule in setting_rules.items()
-                                      if config["init_from"] != "resume" or k in COMMAND_KEYS})
+                                      if config["init_from"] != "resume" or k in COMMAND_KEYS}, given)
     check_init_from(config["init_from"], ("scratch", "resume"))
     if config["resume_from"] != "ckpt.pt" and (config["init_from"] != "resume" or os.path.basename(
             config["resume_from"]) != config["resume_from"]):
@@ -482,7 +485,8 @@ if __name__ == "__main__":
         repaired = on_rank0(lambda: repair_published(out_dir, checkpoint), rank, world_size) \
             if resume_from == "ckpt.pt" else None  # what it repairs are links to ckpt.pt
         for name in repaired or []:
-            report.print(f"{name} was missing or older than ckpt.pt (the run was stopped between writing the two): "
+            moved = "" if name == "best.pt" else ", or that kept step was moved to ckpt.pt"
+            report.print(f"{name} was missing or older than ckpt.pt (the run was stopped between writing the two{moved}): "
                          f"written now from ckpt.pt, iter {checkpoint['iter_num']}", always=True)
         best = on_rank0(lambda: better_best(out_dir, checkpoint, ckpt_path), rank, world_size, share=True)
         if best is not None:  # the run went back to an earlier step: what best.pt holds is still the run's best
@@ -491,6 +495,10 @@ if __name__ == "__main__":
                          f"{checkpoint['iter_num']}: it stays best.pt until an evaluation beats it", always=True)
     if checkpoint is not None and checkpoint["evaluated"] and checkpoint["iter_num"] >= max_iters \
             and not (eval_only or dry_run):  # a dry run still shows its plan
+        if resume_from == "ckpt.pt" and on_rank0(lambda: report.rebuild_summary(checkpoint), rank, world_size):
+            report.print("summary.json was missing (the session that finished the run was stopped before writing it): "
+                         "written now from ckpt.pt and metrics.csv, with null for that session's times and skipped "
+                         "steps", always=True)
         report.print(f"the run in {out_dir} is finished: its checkpoint is at iter {checkpoint['iter_num']} and "
                      f"max_iters is {max_iters}; nothing to do (raise --max_iters to train it further, or evaluate it "
                      "with --eval_only=True)", always=True)
@@ -626,15 +634,14 @@ if __name__ == "__main__":
                    parallelism=parallelism, activation_checkpointing=activation_checkpointing, device_type=device_type,
                    micro_steps=accum_steps, fsdp_reduce=fsdp_reduce, training=not eval_only, compiled=compiled)
     if batch_size == "auto":
-        batch_size = largest_batch(model, planned, free) if free is not None else None
+        own = batch_size = largest_batch(model, planned, free) if free is not None else None
         if distributed:  # every process must take the same micro-batch: the one that fits on all of them
             box = torch.tensor(batch_size or 0, device=device)
             dist.all_reduce(box, op=dist.ReduceOp.MIN)
             batch_size = int(box) or None
         if batch_size is None:
-            raise UserError("batch_size='auto' found no micro-batch that fits" + ("" if free is None else
-                            f" in {free / 2**30:.2f} GiB free") + ": give --batch_size=N (and see the memory plan "
-                            "with --dry_run=True)")
+            raise UserError(no_auto_batch(model, planned, free) if own is None else "batch_size='auto' found no "
+                            "micro-batch that fits on another process of this run: its own line says what would")
         config["batch_size"] = planned["batch_size"] = batch_size  # what config.json and checkpoints record
         report.print(f"batch_size auto: {batch_size} sequences per micro-step")
     # here, once the model's shape (from init_from) and batch_size='auto' are settled: the config trained
@@ -642,7 +649,7 @@ if __name__ == "__main__":
     if runs_own:
         report.print("the run's own settings, which this command does not give: "
                      + ", ".join(f"{k}={v!r}" for k, v in runs_own.items()))
-    relogs = False  # whether this session's steps may differ from those the run logged past its checkpoint
+    relogs = None  # why this session's steps may differ from those the run logged past its checkpoint (None: they cannot)
     if checkpoint is not None:  # a resume takes the settings this command gives: say which differ from the run's
         run_config = {**config_defaults, **checkpoint["config"]}  # a setting newer than the run: its default then
         changed = {k: v for k, v in config.items() if k not in RESUME_SAME and run_config.get(k, v) != v}
@@ -650,7 +657,8 @@ if __name__ == "__main__":
             report.print(f"{'evaluating' if eval_only else 'resumed'} with settings other than the run's: "
                          + ", ".join(f"{k}={v!r} (was {run_config[k]!r})" for k, v in changed.items()),
                          always=True)
-        relogs = any(k in VALUE_KEYS for k in changed)
+        relogs = "with other settings" if any(k in VALUE_KEYS for k in changed) else \
+            "on data that has changed since" if change else None  # (rank 0's: only its Reporter starts wandb)
         if any(k in SCHEDULE_KEYS for k in changed) and not eval_only:  # extending a run's schedule moves its rate
             rates = [get_lr(checkpoint["iter_num"], *(c[k] for k in SCHEDULE_KEYS[1:])) if c["decay_lr"]
                      else c["learning_rate"] for c in (run_config, config)]
@@ -658,6 +666,13 @@ if __name__ == "__main__":
                 report.print(f"the learning rate at iter {checkpoint['iter_num']} is {rates[1]:.3g} by this command's "
                              f"schedule, where the run's gave {rates[0]:.3g}"
                              + (f" ({rates[1] / rates[0]:.3g}x)" if rates[0] else ""), always=True)
+        windows = [k for k in ("batch_size", "eval_iters") if k in changed]
+        if windows and not eval_only:  # the evaluation's batches are eval_iters x batch_size windows of each split
+            best = checkpoint["best_val_loss"]  # best.pt's, unless the weights the run started from (iter 0) are best
+            report.warn(f"{' and '.join(windows)} changed: evaluations from here read other batches of each split, so "
+                        "val losses before and after are not on the same windows" + (
+                            f", and the best val loss ({best:.4f}, iter {checkpoint['best_iter']}) was measured on the "
+                            "old ones" if math.isfinite(best) else ""))
     tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
     eval_text = (f"{eval_iters} batches of {batch_size} sequences x {block_size} tokens per split = "
                  f"{eval_iters * batch_size * block_size:,} tokens")  # what an eval_only run does, for its lines
@@ -724,6 +739,10 @@ if __name__ == "__main__":
     if distributed and not fsdp and not eval_only:  # an evaluation computes no gradients to all-reduce
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
+    def evaluates(it: int) -> bool:
+        """Whether the loop evaluates (and may checkpoint) at step it: every eval_interval steps, and the last."""
+        return it % eval_interval == 0 or it >= max_iters
+
     def write_sample(it: int):
         """Generate sample_tokens tokens from sample_prompt on rank 0 and report them."""
         encode, decode = codec
@@ -789,6 +808,7 @@ if __name__ == "__main__":
         truncate_at=iter_num if init_from == "resume" else -1,
         wandb_settings=dict(project=wandb_project, name=wandb_run_name, id=wandb_run_id, relogs=relogs)
         if wandb_log else None,
+        redone=evaluates(iter_num) and not skip_first_eval,  # the loop's test at its first step
     ), rank, world_size) or wandb_run_id
     if master_process:  # with overwrite=True, the earlier run's checkpoints and results go (start emptied metrics.csv)
         deleted = [name for name in stale_files if name != "metrics.csv"]
@@ -825,7 +845,7 @@ if __name__ == "__main__":
             group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's groups run at muon_lr / learning_rate of it
 
         # evaluate and checkpoint, unless the checkpoint just resumed was written right after this same eval
-        if (iter_num % eval_interval == 0 or iter_num >= max_iters) and not skip_first_eval:
+        if evaluates(iter_num) and not skip_first_eval:
             t_eval = time.monotonic()
             losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size, stop=lambda: stop.requested)
             evals_done = -(-iter_num // eval_interval) + 1  # counting iter 0's; from the step, so a resume keeps the schedule

@@ -40,7 +40,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # for tokenizer.py when run as a script
+sys.path.insert(0, ROOT)  # for the project's modules (common, dataset, tokenizer) when run as a script
 from common import NO_LOCKS, UserError, plural, signals_deferred  # noqa: E402
 from dataset import dataset_files_in, read_meta, run_files_in, staged_meta_pkl, token_file_split, write_meta  # noqa: E402
 from tokenizer import EOT, encoding_from_bytes, gpt2_encoding, rank_file_bytes  # noqa: E402

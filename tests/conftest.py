@@ -111,7 +111,7 @@ def char_vocab_size(data_dir: str) -> int:
 # could be taken in between (torchrun's agent holds its own). Each job saves the import of torch and of
 # torch._dynamo, about two seconds a process, and a group saves torchrun's own start as well.
 WARM = r"""
-import atexit, json, os, runpy, signal, socket, sys, threading, time
+import atexit, json, os, runpy, signal, socket, sys, tempfile, threading, time
 import numpy, torch
 import torch._dynamo  # the memory plan's meta-device model imports it (random init there goes through torch._refs)
 
@@ -125,6 +125,7 @@ def child(job, env, stdout, stderr):
         sys.stdin = open(os.devnull)
         os.environ.clear()
         os.environ.update(env)
+        tempfile.tempdir = None  # torch's import had tempfile read TMPDIR: read it again, from the job's variables
         sys.argv, sys.path[0] = job["argv"], os.path.dirname(job["argv"][0])
         numpy.random.seed()
         torch.seed()

@@ -226,3 +226,14 @@ def test_a_shakespeare_prepare_replaces_another_folder_s_dataset_only_with_overw
     replaced = run_script(*args, "--overwrite", cwd=str(tmp_path))
     assert replaced.returncode == 0, replaced.stderr
     assert "text given to prepare()" not in (data / "meta.json").read_text()
+
+
+def test_no_training_batch_key_seeds_as_an_evaluation_key_does_whatever_the_seed():
+    """numpy's SeedSequence pads keys of up to four 32-bit words with zeros, so (1, 2, 3) seeds as (1, 2, 3, 0) does:
+    a training key (seed, 0, step, 0) would meet an evaluation key if it read as one, which EVAL_STREAM prevents."""
+    from dataset import eval_key, seed_from
+    assert seed_from((1, 2, 3)) == seed_from((1, 2, 3, 0))
+    for seed in (0, 1, 1337, 2**32 - 1, 2**32, 2**32 + 1, 2**62):
+        for step in (0, 1, 5):
+            train = {seed_from((seed, 0, step, micro)) for micro in (0, 1)}
+            assert not train & {seed_from(eval_key(split, step)) for split in ("train", "val")}, (seed, step)

@@ -148,9 +148,14 @@ def test_a_stop_during_an_evaluation_drops_it_saves_and_resumes_exactly(char_dat
     assert "stopped by signal during the evaluation at iter 4 (dropped); resume with --init_from=resume" in stdout
     saved = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
     assert saved["iter_num"] == 4 and not saved["evaluated"]
+    # a session that resumed, evaluated iter 4 and was killed before its next save leaves that row: redone, not kept
+    from metrics import append_row
+    append_row(out, {"iter": 4, "tokens": 0, "val_loss": 9.0, "train_eval_loss": 9.0})
     result = run_script("train.py", *args_for(char_data, out, init_from="resume"), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert_same_run(straight_run, out)
+    evals = [(int(r["iter"]), float(r["val_loss"])) for r in read_metrics(out) if r["val_loss"]]
+    assert len({it for it, _ in evals}) == len(evals) and (4, 9.0) not in evals and 4 in dict(evals)  # one each
 
 
 def test_a_kill_right_after_a_checkpoint_loses_no_sample(char_data, tmp_path):
@@ -417,6 +422,12 @@ def test_best_checkpoint_and_keep_last_n(char_data, tmp_path):
     kept = torch.load(os.path.join(out, "ckpt_0000020.pt"), map_location="cpu", weights_only=True)["model"]
     assert kept.keys() == model.state_dict().keys()
     assert all(torch.equal(v, kept[k]) for k, v in model.state_dict().items())
+    shutil.copyfile(os.path.join(out, "ckpt_0000024.pt"), os.path.join(out, "ckpt_20.pt"))  # a copy named so
+    assert checkpoint_file(out, "ckpt_20.pt") == os.path.join(out, "ckpt_20.pt")  # the file named, not the kept step
+    copy = re.escape(os.path.join(out, "ckpt_20.pt"))
+    with pytest.raises(UserError, match=rf": {copy} is a file, not a run's folder; for a checkpoint file, "
+                                        rf"pass --init_from={copy}$"):
+        load_trained("resume", checkpoint_file(os.path.join(out, "ckpt_20.pt"), "ckpt.pt"))  # --out_dir=the file
 
 
 def free_port():
@@ -721,12 +732,20 @@ def test_a_kill_between_ckpt_and_best_is_repaired_when_the_run_resumes(char_data
     os.remove(os.path.join(out, "best.pt"))  # what a kill right after ckpt.pt's rename leaves: best.pt of iter 4
     shutil.copyfile(os.path.join(out, "ckpt_0000004.pt"), os.path.join(out, "best.pt"))
     os.remove(os.path.join(out, "ckpt_0000008.pt"))
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    os.remove(os.path.join(out, "summary.json"))  # nor is summary.json written yet
     ckpt_digest = digests(out)["ckpt.pt"]
     result = run_script("train.py", *args, "--init_from=resume", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "best.pt was missing or older than ckpt.pt" in result.stdout and "is finished" in result.stdout
     assert load("best.pt")["iter_num"] == load("ckpt_0000008.pt")["iter_num"] == 8
     assert digests(out)["ckpt.pt"] == ckpt_digest
+    assert "summary.json was missing" in result.stdout
+    rebuilt = json.load(open(os.path.join(out, "summary.json")))  # the run's figures as the session had them
+    same = ("iters", "tokens", "final_train_loss", "final_val_loss", "final_loss_iter", "best_val_loss", "best_iter",
+            "checkpoint")
+    assert {k: rebuilt[k] for k in same} == {k: summary[k] for k in same} and rebuilt["final_val_loss"] is not None
+    assert rebuilt["wall_time_s"] is None and rebuilt["skipped_steps"] is None  # only that session knew them
 
 
 def test_sigterm_is_acted_on_at_the_next_step_not_the_next_log_line(char_data, tmp_path):
@@ -884,9 +903,12 @@ def test_a_resume_that_moves_the_schedule_says_how_the_learning_rate_jumps(char_
     assert result.returncode == 0, result.stderr
     assert ("the learning rate at iter 4 is 0.003 by this command's schedule, where the run's gave 0.0003 (10x)\n"
             in result.stdout)
-    same = run_script("train.py", *args_for(char_data, out, max_iters=12, lr_decay_iters=8, init_from="resume"),
-                      cwd=str(tmp_path))  # max_iters alone moves no rate
+    same = run_script("train.py", *args_for(char_data, out, max_iters=12, lr_decay_iters=8, init_from="resume",
+                                            eval_iters=3), cwd=str(tmp_path))  # max_iters moves no rate
     assert same.returncode == 0 and "the learning rate at iter" not in same.stdout, same.stderr
+    assert re.search(r"^warning: eval_iters changed: evaluations from here read other batches of each split, so val "
+                     r"losses before and after are not on the same windows, and the best val loss \([\d.]+, iter \d+\) "
+                     r"was measured on the old ones$", same.stderr, re.M)
     path = os.path.join(out, "ckpt.pt")  # a run from before lr_schedule and cooldown_frac: cosine, their defaults
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     del checkpoint["config"]["lr_schedule"], checkpoint["config"]["cooldown_frac"]
@@ -1005,7 +1027,7 @@ def test_a_gpu_out_of_memory_is_one_line_that_says_what_to_lower(capsys, monkeyp
     assert capsys.readouterr().err == (
         "error: the GPU ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
         "of 79.19 GiB of which 1.50 GiB is free): use a smaller micro-batch (batch_size, raising "
-        "gradient_accumulation_steps to keep the tokens per step; num_samples in sample.py) or "
+        "gradient_accumulation_steps to keep the tokens per step) or "
         "activation_checkpointing=True; NANOGPT_TRACEBACK=1 shows where\n")
 
 

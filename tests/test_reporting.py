@@ -7,6 +7,7 @@ import re
 import struct
 import subprocess
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, load_module, read_metrics, run_script, tiny_args
@@ -199,6 +200,16 @@ def test_a_resume_that_goes_back_with_other_settings_logs_to_a_new_wandb_run(cha
     assert "wandb: the run logged iters up to 10 with other settings; this session logs to a new wandb run" in lower.stdout
     ids = [wandb_history(r)[0] for r in sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*")))]
     assert len(ids) == 3 and ids[0] == ids[1] != ids[2]
+    changed = shutil.copytree(char_data, tmp_path / "changed")  # the same settings on other tokens: other steps
+    tokens = np.fromfile(changed / "train.bin", dtype=np.uint16)
+    np.roll(tokens, 1).tofile(changed / "train.bin")
+    for name in ("ckpt.pt", "ckpt_0000010.pt"):
+        os.remove(os.path.join(out, name))
+    shutil.copy(tmp_path / "aside" / "at_5.pt", os.path.join(out, "ckpt_0000005.pt"))
+    moved = run_script("train.py", *tiny_args(str(changed), out, **args, init_from="resume",
+                                              resume_from="ckpt_0000005.pt"), cwd=str(tmp_path), env=env)
+    assert moved.returncode == 0, moved.stderr
+    assert "wandb: the run logged iters up to 10 on data that has changed since; this session logs to a new" in moved.stdout
 
 
 @pytest.mark.slow
@@ -508,13 +519,15 @@ def test_samples_read_back_as_written_and_a_truncation_keeps_the_earlier_ones_wh
     assert read_samples(str(path)) == [[5, "ROMEO:\nline two\n"], [10, "x"], [15, "torn by a ki"]]
     assert truncate_samples(str(tmp_path), 10) == [[5, "ROMEO:\nline two\n"], [10, "x"]]
     assert path.read_text() == "---- iter 5 ----\nROMEO:\nline two\n\n---- iter 10 ----\nx\n"
+    # from a checkpoint saved before iter 10's evaluation, the resume samples iter 10 again: that one goes too
+    assert truncate_samples(str(tmp_path), 10, redone=True) == [[5, "ROMEO:\nline two\n"]]
 
 
 def test_the_summary_line_says_where_its_losses_come_from(tmp_path, capsys):
     from report import Reporter
     summary = dict(iters=526, tokens=1000, stopped_by_signal=True, skipped_steps=0, final_train_loss=4.1798,
                    final_val_loss=4.1823, final_loss_iter=500, best_val_loss=2.1898, best_iter=0, wall_time_s=10.0,
-                   mean_tokens_per_sec=100.0, mean_mfu=None, checkpoint=None)
+                   first_step_s=1.0, mean_tokens_per_sec=100.0, mean_mfu=None, checkpoint=None)
     Reporter(str(tmp_path), "text", active=True).summary(summary)
     line = capsys.readouterr().out
     assert "final train/val loss 4.1798/4.1823 (from the last eval, at iter 500)" in line
@@ -538,16 +551,19 @@ def test_a_nan_loss_is_null_in_the_json_log_and_files_which_strict_parsers_read(
     reporter = Reporter(str(tmp_path), "json", active=True)
     reporter.eval(10, 1000, {"train": nan, "val": float("inf")})
     reporter.step(11, 20, 1100, nan, 1e-3, float("inf"), 0.1, 100.0, None, 5.0, 11, 5.0)
-    reporter.summary(dict(iters=11, tokens=1100, final_train_loss=nan, final_val_loss=float("-inf"), best_val_loss=None,
-                          best_iter=None, final_loss_iter=10, wall_time_s=5.0, mean_tokens_per_sec=100.0, mean_mfu=None,
-                          checkpoint=None, history=[1.5, nan]))
+    reporter.summary(dict(iters=11, tokens=1100, stopped_by_signal=False, skipped_steps=0, final_train_loss=nan,
+                          final_val_loss=float("-inf"), best_val_loss=None, best_iter=None, final_loss_iter=10,
+                          wall_time_s=5.0, first_step_s=1.0, mean_tokens_per_sec=100.0, mean_mfu=None, checkpoint=None))
     eval_line, step_line, summary_line = (strict(line) for line in capsys.readouterr().out.splitlines())
     assert eval_line["train_loss"] is None and eval_line["val_loss"] is None
     assert step_line["loss"] is None and step_line["grad_norm"] is None and step_line["lr"] == 1e-3
     with open(tmp_path / "summary.json") as f:
         written = strict(f.read())
     assert written == summary_line["summary"]
-    assert written["final_val_loss"] is None and written["history"] == [1.5, None] and written["iters"] == 11
+    assert written["final_val_loss"] is None and written["final_train_loss"] is None and written["iters"] == 11
+    from common import json_text  # and inside lists and dicts, as run.json's earlier sessions hold summaries
+    assert strict(json_text({"history": [1.5, nan], "summary": {"loss": float("inf")}})) == \
+        {"history": [1.5, None], "summary": {"loss": None}}
 
 
 def test_the_time_estimate_is_announced_once_after_ten_steps_and_never_with_no_step_left(tmp_path, capsys):

@@ -2,6 +2,9 @@
 import errno
 import json
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -595,6 +598,13 @@ def test_a_filesystem_without_locks_runs_with_a_warning_but_a_held_lock_is_refus
     held = FolderLock(str(tmp_path))
     held.claim("train.py (pid 1 on a host)")
     with pytest.raises(UserError, match=r"is in use by train.py \(pid 1 on a host\)"):
+        FolderLock(str(tmp_path))
+    # the text of the run before, which the holder keeps until its checks pass: that run's pid has ended
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    held.claim(f"train.py (pid {ended.pid} on {socket.gethostname()}, started then)")
+    with pytest.raises(UserError, match=r"is in use by another process, still starting \(run.lock names the run "
+                                        rf"before it, train.py \(pid {ended.pid} on .*, which has ended\): wait"):
         FolderLock(str(tmp_path))
 
     def flock(f, how):  # what an NFS, Lustre or FUSE mount without locks answers
