@@ -28,6 +28,7 @@ The data pipeline, on CPU:
     python bench.py --mode=get_batch --batch_size=64  # dataset.get_batch against nanoGPT's row-by-row loop
     python bench.py --mode=prepare --corpus_mb=300    # data/prepare.py against a one-process encode loop
 """
+import dataclasses
 import glob
 import itertools
 import os
@@ -87,7 +88,7 @@ beta2 = 0.95  # AdamW beta2 [0 <= beta2 < 1]
 grad_clip = 1.0  # clip the global gradient norm to this; 0 disables clipping [0 <= grad_clip < inf]
 sync_every_step = False  # as in train.py: read each step's skip verdict on the host (a device sync per step)
 # ---- timing
-warmup_steps = 10  # --mode=train: untimed steps first: compilation, allocator and cache warm-up [warmup_steps >= 0]
+warmup_steps = 10  # --mode=train: untimed steps first: compilation, allocator and cache warm-up; at least 1 with compile, or the first timed step compiles [warmup_steps >= 1 or (warmup_steps == 0 and (not compile or mode != 'train'))]
 num_steps = 20  # --mode=train: timed steps (per round, with compare) [num_steps > 0]
 compare = ""  # flags for a second config to time against this one, in alternation, e.g. "--compile=False"; prints the speed ratio; several configs separated by ';' are each timed against this one; --mode=train only, and not with --profile [compare == '' or (mode == 'train' and not profile)]
 rounds = 5  # with compare: rounds of num_steps steps of each config in turn, the ratio's spread over them; --mode=generate: samples each way, the median taken [rounds > 0]
@@ -116,8 +117,8 @@ TRAINING_ONLY = ("out_dir", "eval_interval", "log_interval", "log_format", "eval
                  "wandb_run_name", "hellaswag_interval", "hellaswag_file", "hellaswag_items", "max_iters",
                  "lr_schedule", "cooldown_frac", "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr",
                  "parallelism", "fsdp_reduce", "backend", "ddp_timeout")
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias", "dropout", "loss_chunk", "activation_checkpointing", "pos_emb",
-              "rope_theta", "norm", "mlp", "mlp_hidden", "n_kv_head", "qk_norm", "tie_embeddings")  # settings that go to GPTConfig as they are
+# settings that go to GPTConfig as they are: its fields, but the two a config's data and timing decide
+MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name not in ("block_size", "vocab_size"))
 # settings of the timing itself, the same for every config of a --compare
 HOW_TO_TIME = ("mode", "warmup_steps", "num_steps", "compare", "rounds", "gen_tokens", "profile", "token_file_tokens",
                "corpus_text", "corpus_mb", "gpt2_tiktoken")
@@ -149,6 +150,7 @@ def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: in
     read-ahead and without it (random_access), with the bytes read from storage per batch."""
     from dataset import get_batch
     with tempfile.TemporaryDirectory() as tmp:
+        kind = filesystem_type(tmp)  # a tmpfs (/tmp on many systems) is memory: eviction leaves its pages there
         for dtype in (np.uint16, np.uint32):
             path = os.path.join(tmp, f"tokens_{np.dtype(dtype).name}.bin")
             np.random.default_rng(0).integers(0, 50257, n_tokens, dtype=dtype).tofile(path)
@@ -167,6 +169,10 @@ def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: in
                   f"row loop {timings['row loop']:.0f} us ({timings['row loop'] / timings['get_batch']:.1f}x)")
             if not hasattr(os, "posix_fadvise"):
                 continue
+            where = f"{np.dtype(dtype).name}, batch {batch_size} x {block_size}, from the disk:"
+            if kind in ("tmpfs", "ramfs"):
+                print(f"{where} not measured: {tmp} is on a {kind}, in memory; set TMPDIR to a folder on a disk")
+                continue
             cold = {}
             for random_access in (False, True):
                 evict([path])
@@ -176,17 +182,19 @@ def bench_get_batch(batch_size: int, block_size: int, n_tokens: int, repeats: in
                 seconds, read = time.perf_counter() - t0, disk_reads()
                 cold[random_access] = (f"{seconds / repeats * 1e6:.0f} us" + ("" if read is None else
                                        f" ({(read - read_before) / repeats / 2**20:.2f} MiB read per batch)"))
-            print(f"{np.dtype(dtype).name}, batch {batch_size} x {block_size}, from the disk: get_batch {cold[False]} "
-                  f"with the kernel's read-ahead, {cold[True]} with random_access")
+            print(f"{where} get_batch {cold[False]} with the kernel's read-ahead, {cold[True]} with random_access")
 
 
 def make_corpus(text_path: str, out_dir: str, n_mb: int):
     """n_mb files of about 1 MB, each the paragraphs of text_path in a different order."""
     try:
         with open(text_path, encoding="utf-8") as f:
-            paragraphs = f.read().split("\n\n")
+            text = f.read()
     except UnicodeDecodeError:
-        raise UserError(f"corpus_text {text_path} is not UTF-8 text: convert it, or give another --corpus_text") from None
+        text = None
+    if text is None or "\0" in text:  # a token file, say: NUL bytes are UTF-8, but no text has them
+        raise UserError(f"corpus_text {text_path} is not UTF-8 text: give --corpus_text=PATH of a text file")
+    paragraphs = text.split("\n\n")
     os.makedirs(out_dir, exist_ok=True)
     for i in range(n_mb):
         random.Random(i).shuffle(paragraphs)
@@ -314,7 +322,7 @@ def planned_batch(cfg: dict, compiled: bool) -> int:
     device's free memory. A number: itself, checked on a CPU, where a step past the free memory would have the
     kernel kill the process and every config's figures with it (a GPU's out-of-memory error is reported, and
     left out of the comparison, as any failing config's)."""
-    from memory import check_fits, free_bytes, largest_batch, plan
+    from memory import check_fits, free_bytes, largest_batch, no_auto_batch, plan
     device_type = check_device(cfg["device"])
     if cfg["batch_size"] != "auto" and device_type != "cpu":
         return cfg["batch_size"]
@@ -330,8 +338,7 @@ def planned_batch(cfg: dict, compiled: bool) -> int:
         return cfg["batch_size"]
     batch = largest_batch(model, settings, free) if free is not None else None
     if batch is None:
-        raise UserError("batch_size='auto' found no micro-batch that fits" + ("" if free is None else
-                        f" in {free / 2**30:.2f} GiB free") + ": give --batch_size=N")
+        raise UserError(no_auto_batch(model, settings, free))
     return batch
 
 
@@ -348,19 +355,30 @@ def model_of(cfg: dict) -> tuple[str, str, object, GPT]:
     return device_type, dtype, autocast_context(device_type, dtype), model.to(cfg["device"])
 
 
+def check_data_settings(cfg: dict):
+    """The settings of reading a dataset need real_data=True, which reads one (else they would be timed as no
+    change); cold_data needs posix_fadvise."""
+    if cfg["cold_data"] and not cfg["real_data"]:
+        raise UserError("cold_data=True evicts the dataset's files, which only real_data=True reads: set both")
+    if cfg["prefetch_batches"] != config_defaults["prefetch_batches"] and not cfg["real_data"]:
+        raise UserError(f"prefetch_batches={cfg['prefetch_batches']} reads the dataset's batches ahead, which only "
+                        "real_data=True reads (random tokens are made in place): set both")
+    if cfg["cold_data"] and not hasattr(os, "posix_fadvise"):
+        raise UserError("cold_data=True evicts files from the page cache with posix_fadvise, which this system lacks "
+                        "(Linux has it): leave cold_data False")
+
+
 def build(cfg: dict) -> dict:
     """A training step of the config cfg, ready to time: {'step': f() -> loss, 'model', 'tokens_per_step',
-    'device_type'}. The step is train.py's: micro-steps, gradient clipping, the skip verdict, the update."""
+    'device_type', 'dtype', 'batch_size' (the micro-batch, 'auto' resolved), 'compiled', 'cold_files' (the token
+    files to evict before a round, with cold_data) and 'wait_reads' (f() that waits for the batches read ahead)}.
+    The step is train.py's: micro-steps, gradient clipping, the skip verdict, the update."""
     from dataset import Prefetcher, load_dataset, read_batch
     from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 
     if cfg["compile"]:
         check_compile_mode(cfg["compile_mode"], cfg["gradient_accumulation_steps"], torch.device(cfg["device"]).type)
-    if cfg["cold_data"] and not cfg["real_data"]:
-        raise UserError("cold_data=True evicts the dataset's files, which only real_data=True reads: set both")
-    if cfg["cold_data"] and not hasattr(os, "posix_fadvise"):
-        raise UserError("cold_data=True evicts files from the page cache with posix_fadvise, which this system lacks "
-                        "(Linux has it): leave cold_data False")
+    check_data_settings(cfg)
     check_device(cfg["device"])  # before the test compile, which needs the device
     problem = compile_problem(cfg["device"]) if cfg["compile"] else None  # before the plan: a compiled loss holds less
     if problem:
@@ -478,6 +496,19 @@ def evict(paths: list[str]):
             os.close(fd)
 
 
+def filesystem_type(path: str) -> str | None:
+    """The type of the filesystem path is on (Linux's /proc/self/mounts: the longest mount point above it), or
+    None where it is not told."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1:3] for line in f]
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    above = [(point, kind) for point, kind in mounts if real == point or real.startswith(point.rstrip("/") + "/")]
+    return max(above, key=lambda m: len(m[0]))[1] if above else None
+
+
 def disk_reads() -> int | None:
     """Bytes this process has had read from storage (Linux's /proc/self/io), or None where it is not told."""
     try:
@@ -514,7 +545,7 @@ def warm_up(run: dict, steps: int) -> str:
     for _ in range(steps):
         run["step"]()
     synchronize(run["device_type"])
-    return f"warm-up: {steps} steps in {time.perf_counter() - t0:.1f} s (compilation included)"
+    return f"warm-up: {steps} steps in {time.perf_counter() - t0:.1f} s" + (" (compilation included)" if run["compiled"] else "")
 
 
 def variants_of(config: dict, compare: str) -> dict[str, dict]:
@@ -535,9 +566,13 @@ def variants_of(config: dict, compare: str) -> dict[str, dict]:
             raise UserError(f"compare={compare!r}: {text.strip()!r} sets {', '.join(fixed)}, which say how every config "
                             "is timed, not what one costs: set them outside --compare")
         configurator.check_rules(other, configurator.rules(__file__, other))
+        check_data_settings(other)  # before any config is built and timed
         if other == config:
-            raise UserError(f"compare={compare!r}: {text.strip()!r} changes no setting: give flags such as "
-                            "\"--compile=False\"")
+            dropped = [f[2:].split("=")[0] for f in flags if f[2:].split("=")[0] in TRAINING_ONLY]
+            why = (f"{', '.join(dropped)} {'is' if len(dropped) == 1 else 'are'} train.py's alone, which bench leaves "
+                   "out" if dropped else "A has those values already")
+            raise UserError(f"compare={compare!r}: {text.strip()!r} changes no setting ({why}): give flags whose values "
+                            "differ from A's")
         configs.append(other)
     if not configs:
         raise UserError(f"compare={compare!r} names no config: give flags such as \"--compile=False\"")

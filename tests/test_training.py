@@ -5,9 +5,11 @@ import math
 import os
 import re
 import signal
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 
 import pytest
@@ -258,6 +260,16 @@ def test_bench_times_the_data_pipeline_on_files_of_the_sizes_it_is_given(tmp_pat
     assert result.returncode == 0, result.stderr
     assert [line.split(":")[0] for line in result.stdout.splitlines() if "row loop" in line] == \
         ["uint16, batch 4 x 32", "uint32, batch 4 x 32"]
+    if os.path.isdir("/dev/shm"):  # Linux's tmpfs: its files are memory, so no figure "from the disk" is given
+        shm = tempfile.mkdtemp(dir="/dev/shm")
+        try:
+            in_memory = run_script("bench.py", "--mode=get_batch", "--token_file_tokens=100000", "--batch_size=4",
+                                   "--block_size=32", cwd=str(tmp_path), env={"TMPDIR": shm})
+        finally:
+            shutil.rmtree(shm)
+        assert in_memory.returncode == 0, in_memory.stderr
+        assert [line.split(" not measured: ")[0] for line in in_memory.stdout.splitlines()
+                if "from the disk" in line] == ["uint16, batch 4 x 32, from the disk:", "uint32, batch 4 x 32, from the disk:"]
     result = run_script("bench.py", "--mode=prepare", "--corpus_mb=1", f"--corpus_text={shakespeare()['path']}",
                         f"--gpt2_tiktoken={gpt2_rank_file()}", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
