@@ -31,6 +31,7 @@ import hashlib
 import json
 import multiprocessing
 import multiprocessing.pool
+import multiprocessing.resource_tracker
 import os
 import signal
 import sys
@@ -602,7 +603,12 @@ POOLS = []  # one entry per Pool running in this process (run_cli's handler: a s
 def running_pool(workers: int, init_args: tuple):
     """A Pool of spawned workers (see _init_worker) for the block. It starts with SIGINT and SIGTERM blocked in
     this thread, pending for run_cli's handler until the workers are listed: a stop in the middle would leave
-    one half started (its initial arguments half written)."""
+    one half started (its initial arguments half written). The Pool's threads keep that block for good, so that a
+    stop reaches the main thread, not one of them: the main thread could otherwise wait for ever on a result from a
+    worker the same stop killed."""
+    # the resource tracker, started by a Pool's first lock, unblocks both signals in the thread that starts it, so
+    # it starts before the block (a no-op once it runs)
+    multiprocessing.resource_tracker.ensure_running()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, init_args)
@@ -614,6 +620,15 @@ def running_pool(workers: int, init_args: tuple):
             yield pool
     finally:
         POOLS.remove(pool)
+
+
+def wait_for(result: multiprocessing.pool.AsyncResult):
+    """A Pool task's result, waited for a second at a time: a stop that another thread took (one of numpy's, which
+    do not block signals) is then handled in the main thread, where Python runs handlers, within the second, not
+    after a result that a worker killed by the same stop will never send."""
+    while not result.ready():
+        result.wait(1)
+    return result.get()
 
 
 def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt2", chars: str | None = None,
@@ -657,7 +672,7 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
 
                 def drain_one():
                     nonlocal max_id
-                    for is_val, ids in pending.popleft().get():
+                    for is_val, ids in wait_for(pending.popleft()):
                         writers["val" if is_val else "train"].write(ids)
                         if len(ids):
                             max_id = max(max_id, int(ids.max()))

@@ -327,6 +327,34 @@ def test_a_prepare_stopped_midway_says_so_and_leaves_the_dataset_that_was_there(
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the threads' signal masks from Linux's /proc")
+def test_a_stop_reaches_the_main_thread_while_it_waits_on_the_workers(tmp_path):
+    """The Pool's threads block SIGINT and SIGTERM, which the resource tracker's start had unblocked; and a stop
+    that another thread takes still ends the wait for a result (the prepare waited for ever on one that a worker
+    killed by that stop would never send: a test here hung so once)."""
+    script = tmp_path / "pool.py"
+    script.write_text(f"""import os, signal, sys, threading, time
+sys.path.insert(0, {ROOT!r})
+import data.prepare as prepare
+if __name__ == "__main__":
+    other = threading.Thread(target=time.sleep, args=(60,), daemon=True)  # as numpy's threads: signals not blocked
+    other.start()
+    before = set(os.listdir("/proc/self/task"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stop handled"))
+    with prepare.running_pool(1, ("char", "ab", None, 0.5, 0)) as pool:
+        for task in sorted(set(os.listdir("/proc/self/task")) - before):
+            print(*(line.split()[1] for line in open(f"/proc/self/task/{{task}}/status") if line.startswith("SigBlk")))
+        never = pool.apply_async(time.sleep, (60,))  # a result that does not come
+        signal.pthread_kill(other.ident, signal.SIGTERM)  # taken by that thread, not the main one
+        prepare.wait_for(never)
+""")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30)
+    term_and_int = (1 << signal.SIGTERM - 1) | (1 << signal.SIGINT - 1)
+    masks = [int(mask, 16) for mask in result.stdout.split()]
+    assert len(masks) >= 3 and all(mask & term_and_int == term_and_int for mask in masks), result.stdout
+    assert result.returncode == 1 and result.stderr.strip().endswith("stop handled"), result.stderr
+
+
 def test_a_stop_while_a_character_dataset_is_put_in_place_leaves_its_meta_pkl_too(tmp_path, monkeypatch, ctrl_c_raises):
     """nanoGPT's meta.pkl goes into place with the token files, in the same held moment, not after them."""
     import pickle
