@@ -593,7 +593,9 @@ def stop_replacing_workers(pool):
     then printed a traceback (EOFError) from reading its start-up data. Pool has no public call for this alone."""
     pool._worker_handler._state = multiprocessing.pool.TERMINATE
     pool._change_notifier.put(None)  # wakes it to see that
-    pool._worker_handler.join(timeout=1)  # a start under way ends first, so that the worker it starts is listed
+    # a start under way ends first, so that the worker it starts is listed (and killed): seconds under load, as the
+    # new worker imports this script before it reads the rest of its start-up data; one cut short printed a traceback
+    pool._worker_handler.join(timeout=30)
 
 
 POOLS = []  # one entry per Pool running in this process (run_cli's handler: a stop then exits without unwinding)
