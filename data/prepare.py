@@ -542,27 +542,16 @@ def run_cli(job, out_dir: str):
         sys.exit(f"error: --out_dir {out_dir} holds a training run ({', '.join(run_files)}): a dataset goes in a "
                  "folder of its own; choose another --out_dir")
 
-    def say(signum):
-        with contextlib.suppress(Exception):  # a reader gone (a Ctrl-C that also ended `| tee`) stops nothing here
-            sys.stdout.flush()
-            gone = not existed and not os.path.lexists(out_dir)
-            print(f"stopped by {signal.Signals(signum).name}: " + (f"{out_dir}, which was not there before, is not "
-                  "there now" if gone else f"{out_dir} holds the dataset that was there, or the new one whole if the "
-                  "stop came as it was put in place; no .tmp file is left"), file=sys.stderr, flush=True)
+    def stopped(signum) -> str:
+        gone = not existed and not os.path.lexists(out_dir)
+        return f"stopped by {signal.Signals(signum).name}: " + (
+            f"{out_dir}, which was not there before, is not there now" if gone else f"{out_dir} holds the dataset "
+            "that was there, or the new one whole if the stop came as it was put in place; no .tmp file is left")
 
     def stop(signum, _):
         if not POOLS:  # no workers: unwinding undoes what was begun
             raise Stopped(signum)
-        try:
-            with contextlib.suppress(Exception):  # a folder gone meanwhile
-                abandon_held()
-            say(signum)
-        finally:  # the workers last, then at once
-            for pool in POOLS:
-                stop_replacing_workers(pool)
-            for child in multiprocessing.active_children():
-                child.kill()
-            os._exit(128 + signum)
+        end_now(lambda: stopped(signum), 128 + signum)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     # that exit leaves the Pool's semaphores to multiprocessing's resource tracker, which removes them and would
@@ -572,7 +561,7 @@ def run_cli(job, out_dir: str):
         return job()
     except (KeyboardInterrupt, Stopped) as e:
         signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
-        say(signum)
+        say(stopped(signum))
         sys.exit(128 + signum)
     except UserError as e:
         sys.exit(f"error: {e}")
@@ -584,6 +573,37 @@ def run_cli(job, out_dir: str):
                      f"dataset in {out_dir} is unchanged")
         sys.exit(f"error: cannot write the dataset to {out_dir} ({e.strerror or e}); the dataset that was there "
                  "is unchanged")
+
+
+def say(line: str):
+    """Print a last line to stderr."""
+    with contextlib.suppress(Exception):  # a reader gone (a Ctrl-C that also ended `| tee`) stops nothing here
+        sys.stdout.flush()
+        print(line, file=sys.stderr, flush=True)
+
+
+def end_now(line, code: int):
+    """Exit at once with exit code code, workers and all: remove the .tmp files and a folder this prepare made
+    (abandon_held), print line() (called after that), end the workers, then this process. Unwinding instead would
+    run the Pool's shutdown, which can hang for ever on a task or a lock that a dead worker left half done."""
+    try:
+        with contextlib.suppress(Exception):  # a folder gone meanwhile
+            abandon_held()
+        say(line())
+    finally:  # the workers last, then at once
+        for pool in POOLS:
+            stop_replacing_workers(pool)
+        for child in multiprocessing.active_children():
+            child.kill()
+        os._exit(code)
+
+
+def worker_died() -> str:
+    """end_now's line when a worker was killed from outside, by the system's out-of-memory killer, say."""
+    where = "; ".join(f"{out_dir} was not there before and is not there now" if made else f"{out_dir} holds the "
+                      "dataset that was there" for out_dir, made in HELD.values())
+    return (f"error: a worker process of this prepare was killed from outside (the system's out-of-memory killer, "
+            f"say); {where}: run it again, with fewer --workers if memory ran short")
 
 
 def stop_replacing_workers(pool):
@@ -624,13 +644,17 @@ def running_pool(workers: int, init_args: tuple):
         POOLS.remove(pool)
 
 
-def wait_for(result: multiprocessing.pool.AsyncResult):
+def wait_for(result: multiprocessing.pool.AsyncResult, workers: set[int]):
     """A Pool task's result, waited for a second at a time: a stop that another thread took (one of numpy's, which
     do not block signals) is then handled in the main thread, where Python runs handlers, within the second, not
-    after a result that a worker killed by the same stop will never send."""
-    while not result.ready():
+    after a result that a worker killed by the same stop will never send. A worker of workers (pids) that died
+    ends the prepare (end_now): the Pool would start another, but the task it held would never be done."""
+    while True:
+        if not workers <= {child.pid for child in multiprocessing.active_children()}:
+            end_now(worker_died, 1)
+        if result.ready():
+            return result.get()
         result.wait(1)
-    return result.get()
 
 
 def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt2", chars: str | None = None,
@@ -669,12 +693,14 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         live = sys.stderr.isatty()
         pace, lead, end = (0.5, "\r", "") if live else (PROGRESS_LOG_S, "", "\n")
         try:
+            others = {child.pid for child in multiprocessing.active_children()}  # a caller's (none from the CLI)
             with running_pool(workers, (tokenizer, chars, ranks, val_fraction, seed)) as pool:
+                started = {child.pid for child in multiprocessing.active_children()} - others  # the Pool's workers
                 pending = collections.deque()  # a few batches in flight: enough to keep workers busy, memory bounded
 
                 def drain_one():
                     nonlocal max_id
-                    for is_val, ids in wait_for(pending.popleft()):
+                    for is_val, ids in wait_for(pending.popleft(), started):
                         writers["val" if is_val else "train"].write(ids)
                         if len(ids):
                             max_id = max(max_id, int(ids.max()))

@@ -7,6 +7,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -325,6 +326,25 @@ def test_a_prepare_stopped_midway_says_so_and_leaves_the_dataset_that_was_there(
         assert "Warning" not in stderr, stderr
     assert {f: (kept / f).read_bytes() for f in os.listdir(kept)} == before
     assert not (tmp_path / "new").exists()
+    if sig != signal.SIGTERM:
+        return
+    # a worker killed alone (the out-of-memory killer): the Pool starts another, but the task it held is never done,
+    # and the prepare waited for it for ever
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "data", "prepare.py"), "--input",
+                             str(tmp_path / "big.txt"), "--out_dir", str(kept), "--overwrite", "--workers", "2",
+                             "--gpt2_tiktoken", gpt2_rank_file()], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    while not written(kept / "train.bin.tmp") and proc.poll() is None and time.time() < deadline + 60:
+        time.sleep(0.02)
+    workers = [p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    assert proc.poll() is None and len(workers) == 2, proc.communicate()
+    workers[0].kill()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in stderr and "Warning" not in stderr, stderr
+    assert stderr.splitlines()[-1] == (f"error: a worker process of this prepare was killed from outside (the system's "
+                                       f"out-of-memory killer, say); {kept} holds the dataset that was there: run it "
+                                       "again, with fewer --workers if memory ran short"), stderr
+    assert {f: (kept / f).read_bytes() for f in os.listdir(kept)} == before
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the threads' signal masks from Linux's /proc")
@@ -346,7 +366,7 @@ if __name__ == "__main__":
             print(*(line.split()[1] for line in open(f"/proc/self/task/{{task}}/status") if line.startswith("SigBlk")))
         never = pool.apply_async(time.sleep, (60,))  # a result that does not come
         signal.pthread_kill(other.ident, signal.SIGTERM)  # taken by that thread, not the main one
-        prepare.wait_for(never)
+        prepare.wait_for(never, set())
 """)
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30)
     term_and_int = (1 << signal.SIGTERM - 1) | (1 << signal.SIGINT - 1)
