@@ -554,6 +554,8 @@ def run_cli(job, out_dir: str):
         end_now(lambda: stopped(signum), 128 + signum)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    global EXITS_AT_ONCE
+    EXITS_AT_ONCE = True  # a worker's death too (wait_for): this process is the prepare's alone
     # that exit leaves the Pool's semaphores to multiprocessing's resource tracker, which removes them and would
     # warn of them under the line above: told here, before it starts (it takes this process's -W options), not to
     sys.warnoptions.append("ignore:resource_tracker:UserWarning")
@@ -576,16 +578,20 @@ def run_cli(job, out_dir: str):
 
 
 def say(line: str):
-    """Print a last line to stderr."""
+    """Print a last line to stderr, over a progress line left open on a terminal."""
     with contextlib.suppress(Exception):  # a reader gone (a Ctrl-C that also ended `| tee`) stops nothing here
         sys.stdout.flush()
-        print(line, file=sys.stderr, flush=True)
+        print(("\r\033[K" if sys.stderr.isatty() else "") + line, file=sys.stderr, flush=True)
+
+
+EXITS_AT_ONCE = False  # set by run_cli, whose process is the prepare's own: see end_now
 
 
 def end_now(line, code: int):
     """Exit at once with exit code code, workers and all: remove the .tmp files and a folder this prepare made
     (abandon_held), print line() (called after that), end the workers, then this process. Unwinding instead would
     run the Pool's shutdown, which can hang for ever on a task or a lock that a dead worker left half done."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # a second stop: not a second ending
     try:
         with contextlib.suppress(Exception):  # a folder gone meanwhile
             abandon_held()
@@ -598,12 +604,26 @@ def end_now(line, code: int):
         os._exit(code)
 
 
-def worker_died() -> str:
-    """end_now's line when a worker was killed from outside, by the system's out-of-memory killer, say."""
-    where = "; ".join(f"{out_dir} was not there before and is not there now" if made else f"{out_dir} holds the "
-                      "dataset that was there" for out_dir, made in HELD.values())
-    return (f"error: a worker process of this prepare was killed from outside (the system's out-of-memory killer, "
-            f"say); {where}: run it again, with fewer --workers if memory ran short")
+def worker_ended(worker: multiprocessing.Process):
+    """A worker ended while the prepare ran (killed by the out-of-memory killer, say): the Pool would start another,
+    but the batch it held would never come back. Under run_cli, end_now with one error line; called in-process, a
+    PrepareError (the Pool's shutdown may then still hang on a lock the dead worker held)."""
+    code = worker.exitcode
+    if code == -signal.SIGTERM:  # a stop sent to each process (systemd's, Slurm's): this one's comes in a moment
+        time.sleep(1)
+    how = (f"killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"exit code {code}") + (
+        ", as the system's out-of-memory killer kills" if code == -signal.SIGKILL else "")
+    said = f"a worker process of this prepare ended ({how})"
+    if EXITS_AT_ONCE:
+        def line():
+            where = "; ".join(f"{out_dir} was not there before and is not there now" if made and not
+                              os.path.lexists(out_dir) else f"{out_dir} holds the dataset that was there"
+                              for out_dir, made in HELD.values())
+            return f"error: {said}; {where}: run it again, with fewer --workers if memory ran short"
+        end_now(line, 1)
+    for pool in POOLS:
+        stop_replacing_workers(pool)
+    raise PrepareError(f"{said}: run it again, with fewer workers if memory ran short")
 
 
 def stop_replacing_workers(pool):
@@ -644,14 +664,15 @@ def running_pool(workers: int, init_args: tuple):
         POOLS.remove(pool)
 
 
-def wait_for(result: multiprocessing.pool.AsyncResult, workers: set[int]):
+def wait_for(result: multiprocessing.pool.AsyncResult, workers: list[multiprocessing.Process]):
     """A Pool task's result, waited for a second at a time: a stop that another thread took (one of numpy's, which
     do not block signals) is then handled in the main thread, where Python runs handlers, within the second, not
-    after a result that a worker killed by the same stop will never send. A worker of workers (pids) that died
-    ends the prepare (end_now): the Pool would start another, but the task it held would never be done."""
+    after a result that a worker killed by the same stop will never send. One of workers that has ended ends the
+    prepare (worker_ended)."""
     while True:
-        if not workers <= {child.pid for child in multiprocessing.active_children()}:
-            end_now(worker_died, 1)
+        for worker in workers:
+            if worker.exitcode is not None:
+                worker_ended(worker)
         if result.ready():
             return result.get()
         result.wait(1)
@@ -693,9 +714,9 @@ def prepare_corpus(documents: Iterable[str], out_dir: str, tokenizer: str = "gpt
         live = sys.stderr.isatty()
         pace, lead, end = (0.5, "\r", "") if live else (PROGRESS_LOG_S, "", "\n")
         try:
-            others = {child.pid for child in multiprocessing.active_children()}  # a caller's (none from the CLI)
+            others = multiprocessing.active_children()  # a caller's (none from the CLI)
             with running_pool(workers, (tokenizer, chars, ranks, val_fraction, seed)) as pool:
-                started = {child.pid for child in multiprocessing.active_children()} - others  # the Pool's workers
+                started = [child for child in multiprocessing.active_children() if child not in others]  # the Pool's
                 pending = collections.deque()  # a few batches in flight: enough to keep workers busy, memory bounded
 
                 def drain_one():

@@ -341,9 +341,9 @@ def test_a_prepare_stopped_midway_says_so_and_leaves_the_dataset_that_was_there(
     workers[0].kill()
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "Traceback" not in stderr and "Warning" not in stderr, stderr
-    assert stderr.splitlines()[-1] == (f"error: a worker process of this prepare was killed from outside (the system's "
-                                       f"out-of-memory killer, say); {kept} holds the dataset that was there: run it "
-                                       "again, with fewer --workers if memory ran short"), stderr
+    assert stderr.splitlines()[-1] == (f"error: a worker process of this prepare ended (killed by SIGKILL, as the "
+                                       f"system's out-of-memory killer kills); {kept} holds the dataset that was "
+                                       "there: run it again, with fewer --workers if memory ran short"), stderr
     assert {f: (kept / f).read_bytes() for f in os.listdir(kept)} == before
 
 
@@ -366,7 +366,7 @@ if __name__ == "__main__":
             print(*(line.split()[1] for line in open(f"/proc/self/task/{{task}}/status") if line.startswith("SigBlk")))
         never = pool.apply_async(time.sleep, (60,))  # a result that does not come
         signal.pthread_kill(other.ident, signal.SIGTERM)  # taken by that thread, not the main one
-        prepare.wait_for(never, set())
+        prepare.wait_for(never, [])
 """)
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30)
     term_and_int = (1 << signal.SIGTERM - 1) | (1 << signal.SIGINT - 1)
