@@ -505,24 +505,26 @@ def better_best(out_dir: str, checkpoint: dict, path: str) -> tuple[float, int] 
 
 def training_state(model_state: dict, optimizer_state: dict, scaler, model_args: dict, config: dict, progress: dict,
                    rng_states: list[dict], wandb_run_id: str | None, evaluated: bool, vocabulary: dict,
-                   data_files: dict) -> dict:
+                   data_files: dict, folder: str) -> dict:
     """The whole state of a run, as save_checkpoint writes it and restore_training_state puts it back: the
     unwrapped model's weights (no _orig_mod. or module. prefixes) and the optimizer's state, both whole
     (sharding.full_state), the scaler's state, the model's shape, the config, progress (PROGRESS_KEYS, and the
     steps skipped in a row as non-finite up to this one: a resume goes on counting them), every
     rank's RNG streams, the wandb run id, whether the step was evaluated before the save, the dataset's
-    vocabulary (see check_vocabulary) and its token files (dataset.token_files, for dataset.data_change)."""
+    vocabulary (see check_vocabulary), its token files (dataset.token_files, for dataset.data_change) and the
+    run's folder (its real path, for copied_from)."""
     return {"model": model_state, "optimizer": optimizer_state, "scaler": scaler.state_dict(),
             "model_args": model_args, "config": config, "rng_states": rng_states, "wandb_run_id": wandb_run_id,
-            "evaluated": evaluated, "vocabulary": vocabulary, "data_files": data_files,
+            "evaluated": evaluated, "vocabulary": vocabulary, "data_files": data_files, "folder": folder,
             **{k: progress[k] for k in PROGRESS_KEYS}, "nonfinite_streak": progress["nonfinite_streak"]}
 
 
 def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, optimizer, scaler, rank: int,
                            world_size: int, device_type: str) -> dict:
     """Put a checkpoint's weights, optimizer and scaler state back, and this rank's RNG streams when the world
-    size is the one that saved them. Returns the progress (PROGRESS_KEYS), wandb_run_id, evaluated, nonfinite_streak
-    and rng_restored (False under another world size: the caller seeds fresh streams)."""
+    size is the one that saved them. Returns the progress (PROGRESS_KEYS), wandb_run_id, evaluated, nonfinite_streak,
+    folder (None from older checkpoints) and rng_restored (False under another world size: the caller seeds fresh
+    streams)."""
     # a resume with --weight_decay=... changed takes the new value, as it does for the learning rate
     load_model_state(model, checkpoint["model"], path, optimizer, with_own_settings(optimizer, checkpoint["optimizer"]))
     if checkpoint["scaler"]:  # empty from a bf16 or fp32 run: a float16 resume starts its scaler afresh
@@ -531,4 +533,17 @@ def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, 
     if rng_restored:  # each rank continues its own dropout stream
         set_rng_state(checkpoint["rng_states"][rank], device_type)
     return {**{k: checkpoint[k] for k in (*PROGRESS_KEYS, "wandb_run_id", "evaluated")}, "rng_restored": rng_restored,
-            "nonfinite_streak": checkpoint.get("nonfinite_streak", 0)}  # older checkpoints: none kept
+            "nonfinite_streak": checkpoint.get("nonfinite_streak", 0),  # older checkpoints: none kept
+            "folder": checkpoint.get("folder")}
+
+
+def copied_from(folder: str | None, out_dir: str) -> str | None:
+    """The run folder that out_dir is a copy of: folder, where its checkpoint was saved, when that is another
+    folder and still holds a run's ckpt.pt (a fork of the run, which must not log to the original's wandb run).
+    None for a checkpoint saved in out_dir, a folder moved (nothing left where it was), or an older checkpoint."""
+    if not folder or not os.path.isfile(os.path.join(folder, "ckpt.pt")):
+        return None
+    try:
+        return None if os.path.samefile(folder, out_dir) else folder  # the same folder by another path: a mount's
+    except OSError:
+        return None

@@ -35,7 +35,7 @@ import configurator
 from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, better_best, check_init_from,
                         check_no_later_steps, check_same_checkpoint, check_same_shape, check_vocabulary,
                         checkpoint_file, gather_rng_states, load_checkpoint, load_model_state, load_pretrained,
-                        own_kept_step, publish_checkpoint, repair_published, restore_training_state,
+                        copied_from, own_kept_step, publish_checkpoint, repair_published, restore_training_state,
                         save_checkpoint, take_optimizer_state, training_state)
 from common import (STOP_CHECK_STEPS, FolderLock, Outliving, UserError, agreed_problem, autocast_context,
                     check_compile_mode, check_device, compile_problem, cpu_contention, excepthook, launcher_ranks,
@@ -716,6 +716,12 @@ if __name__ == "__main__":
         state = restore_training_state(checkpoint, ckpt_path, model, optimizer, scaler, rank, world_size, device_type)
         iter_num, tokens_seen, best_val_loss, best_iter = (state[k] for k in PROGRESS_KEYS)
         wandb_run_id = state["wandb_run_id"]
+        copied = copied_from(state["folder"], out_dir)
+        if copied and wandb_run_id:  # a fork: it would log its steps into the original's wandb run, now or later
+            wandb_run_id = None
+            if wandb_log:
+                report.print(f"wandb: {out_dir} is a copy of the run in {copied}, which logs to the same wandb run; "
+                             "this copy logs to a new one", always=True)
         streak_before = state["nonfinite_streak"]  # a streak of skipped steps goes on counting across the resume
         skip_first_eval = state["evaluated"]  # the checkpoint was written right after this eval
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)
@@ -783,7 +789,8 @@ if __name__ == "__main__":
             progress = dict(iter_num=iter_num, tokens=tokens_seen, best_val_loss=best_val_loss, best_iter=best_iter,
                             nonfinite_streak=streak)
             save_checkpoint(training_state(model_state, optimizer_state, scaler, model_args, config, progress, rng_states,
-                                           wandb_run_id, evaluated, data["vocabulary"], data_files),
+                                           wandb_run_id, evaluated, data["vocabulary"], data_files,
+                                           os.path.realpath(out_dir)),
                             os.path.join(out_dir, "ckpt.pt"))
             publish_checkpoint(out_dir, iter_num, improved, keep_last_n if evaluated else 0)  # a signal's save: ckpt.pt only
             report.print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and best.pt" if improved else ""))

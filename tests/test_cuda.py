@@ -134,7 +134,7 @@ def test_a_checkpoint_of_an_unfused_adamw_resumes_into_a_fused_one():
     saved.step()
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     checkpoint = training_state(model.state_dict(), saved.state_dict(), scaler, {}, {},
-                                dict(iter_num=1, tokens=32, best_val_loss=9.0, best_iter=0, nonfinite_streak=0), [], None, True, {}, {})
+                                dict(iter_num=1, tokens=32, best_val_loss=9.0, best_iter=0, nonfinite_streak=0), [], None, True, {}, {}, "out")
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cuda")
     restore_training_state(checkpoint, "ckpt.pt", model, optimizer, scaler, 0, 1, "cuda")
     assert all(g["fused"] for g in optimizer.param_groups)

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import shutil
 import struct
 import subprocess
 
@@ -160,6 +161,15 @@ def test_wandb_resume_continues_one_run_with_monotonic_steps(char_data, tmp_path
     assert {"lr", "train/loss_step", "val/loss"} <= keys and "mfu" not in keys  # unknown on a CPU: no 0% chart
     steps = steps_a + steps_b
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 20
+    shutil.copytree(out, tmp_path / "fork")  # a copy of the run, to branch from: a wandb run of its own
+    fork = run_script("train.py", *tiny_args(char_data, str(tmp_path / "fork"), max_iters=25, eval_interval=5,
+                                             wandb_log=True, init_from="resume"), cwd=str(tmp_path), env=env)
+    assert fork.returncode == 0, fork.stderr
+    assert f"wandb: {tmp_path / 'fork'} is a copy of the run in {os.path.realpath(out)}, which logs to the same " \
+           "wandb run; this copy logs to a new one" in fork.stdout
+    (id_c, steps_c, _), = [wandb_history(run) for run in glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+                           if run not in runs]
+    assert id_c != id_a and steps_c[-1] == 25
 
 
 @pytest.mark.slow

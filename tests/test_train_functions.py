@@ -465,7 +465,7 @@ def trained_checkpoint():
     optimizer.step()
     return model, optimizer, training_state(
         model.state_dict(), optimizer.state_dict(), torch.amp.GradScaler("cpu", enabled=False), {}, {},
-        dict(iter_num=1, tokens=16, best_val_loss=9.0, best_iter=0, nonfinite_streak=0), [], None, True, {}, {})
+        dict(iter_num=1, tokens=16, best_val_loss=9.0, best_iter=0, nonfinite_streak=0), [], None, True, {}, {}, "out")
 
 
 def test_a_resume_takes_the_saved_moments_but_this_runs_optimizer_settings():
@@ -719,3 +719,19 @@ def test_settings_given_that_the_run_does_not_use_are_named_with_what_would_use_
                 sample_interval=1, hellaswag_interval=1)
     assert unused_settings(used, given) == []
     assert unused_settings(dict(off, decay_lr=False), {"cooldown_frac"}) == []  # decay_lr=False's own warning names it
+
+
+def test_a_copied_run_folder_is_told_from_a_moved_one(tmp_path):
+    """A checkpoint saved in another folder that still holds a run: a copy (it needs a wandb run of its own); one
+    that holds nothing now: the run was moved; the same folder by another path (a link, a mount): neither."""
+    from checkpoint import copied_from
+    original, copy = tmp_path / "run", tmp_path / "copy"
+    for folder in (original, copy):
+        folder.mkdir()
+        (folder / "ckpt.pt").write_bytes(b"")
+    os.symlink(original, tmp_path / "link")
+    assert copied_from(str(original), str(copy)) == str(original)
+    assert copied_from(str(original), str(original)) is None and copied_from(str(original), str(tmp_path / "link")) is None
+    assert copied_from(None, str(copy)) is None  # a checkpoint from before folders were saved
+    os.remove(original / "ckpt.pt")
+    assert copied_from(str(original), str(copy)) is None  # moved: nothing is left where it was
