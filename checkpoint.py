@@ -537,13 +537,17 @@ def restore_training_state(checkpoint: dict, path: str, model: torch.nn.Module, 
             "folder": checkpoint.get("folder")}
 
 
-def copied_from(folder: str | None, out_dir: str) -> str | None:
+def copied_from(folder: str | None, out_dir: str, wandb_run_id: str | None) -> str | None:
     """The run folder that out_dir is a copy of: folder, where its checkpoint was saved, when that is another
-    folder and still holds a run's ckpt.pt (a fork of the run, which must not log to the original's wandb run).
-    None for a checkpoint saved in out_dir, a folder moved (nothing left where it was), or an older checkpoint."""
-    if not folder or not os.path.isfile(os.path.join(folder, "ckpt.pt")):
+    folder whose ckpt.pt is still of the same wandb run (a fork, which must not log to the original's wandb run).
+    None for a checkpoint saved in out_dir, a folder moved (nothing, or another run, where it was), a run without
+    wandb, or an older checkpoint."""
+    path = os.path.join(folder or "", "ckpt.pt")
+    if not folder or not wandb_run_id or not os.path.isfile(path):
         return None
     try:
-        return None if os.path.samefile(folder, out_dir) else folder  # the same folder by another path: a mount's
-    except OSError:
+        if os.path.samefile(folder, out_dir):  # the same folder by another path: a link's, a mount's
+            return None
+        return folder if read_file(path).get("wandb_run_id") == wandb_run_id else None  # mapped: its header only
+    except (OSError, UserError, AttributeError):  # gone meanwhile, torn, or not a checkpoint's dict
         return None

@@ -5,6 +5,7 @@ and the wandb call. Only rank 0 reports: other ranks get a Reporter that writes 
 column in metrics.COLUMNS, an argument of Reporter.step and the loop's value for it.
 """
 import datetime
+import hashlib
 import os
 import re
 import shlex
@@ -189,6 +190,12 @@ def failing_wandb(hook, wandb):
         except BaseException:  # a run that cannot finish now keeps its files, for `wandb sync`
             pass
     return excepthook
+
+
+def fork_run_id(run_id: str, folder: str) -> str:
+    """The wandb run id of a copy of a run (see checkpoint.copied_from) in folder: a function of the original's id
+    and the copy's real path, so that a copy stopped before its first save goes on with the same wandb run."""
+    return hashlib.sha256(f"{run_id} {os.path.realpath(folder)}".encode()).hexdigest()[:12]
 
 
 SUMMARY_KEYS = ("iters", "tokens", "stopped_by_signal", "skipped_steps", "final_train_loss", "final_val_loss",

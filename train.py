@@ -49,7 +49,7 @@ from hf import has_weights
 from memory import check_fits, describe, free_bytes, largest_batch, no_auto_batch, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
-from report import Reporter, check_eval_file, check_wandb, foreign_config
+from report import Reporter, check_eval_file, check_wandb, foreign_config, fork_run_id
 from sharding import full, full_state, shard
 from tokenizer import codec as codec_of, decodable_ids, encode_setting
 
@@ -716,12 +716,15 @@ if __name__ == "__main__":
         state = restore_training_state(checkpoint, ckpt_path, model, optimizer, scaler, rank, world_size, device_type)
         iter_num, tokens_seen, best_val_loss, best_iter = (state[k] for k in PROGRESS_KEYS)
         wandb_run_id = state["wandb_run_id"]
-        copied = copied_from(state["folder"], out_dir)
-        if copied and wandb_run_id:  # a fork: it would log its steps into the original's wandb run, now or later
-            wandb_run_id = None
+        copied = copied_from(state["folder"], out_dir, wandb_run_id)
+        if copied:  # a fork: it would log its steps into the original's wandb run, now or later
+            wandb_run_id = fork_run_id(wandb_run_id, out_dir)  # the same for every session of the copy until it saves
+            copy = os.path.realpath(out_dir)
+            if "wandb_run_name" not in given:  # named after the copy's folder, which config.json then records
+                config["wandb_run_name"] = wandb_run_name = f"{wandb_run_name} ({os.path.basename(copy)})"
             if wandb_log:
                 report.print(f"wandb: {out_dir} is a copy of the run in {copied}, which logs to the same wandb run; "
-                             "this copy logs to a new one", always=True)
+                             f"this copy logs to a wandb run of its own, {wandb_run_name!r}", always=True)
         streak_before = state["nonfinite_streak"]  # a streak of skipped steps goes on counting across the resume
         skip_first_eval = state["evaluated"]  # the checkpoint was written right after this eval
         if not state["rng_restored"]:  # another world size: fresh streams, still a function of (seed, step, rank)

@@ -591,7 +591,8 @@ def end_now(line, code: int):
     """Exit at once with exit code code, workers and all: remove the .tmp files and a folder this prepare made
     (abandon_held), print line() (called after that), end the workers, then this process. Unwinding instead would
     run the Pool's shutdown, which can hang for ever on a task or a lock that a dead worker left half done."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # a second stop: not a second ending
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second stop (to any thread): not a second ending
+        signal.signal(sig, signal.SIG_IGN)
     try:
         with contextlib.suppress(Exception):  # a folder gone meanwhile
             abandon_held()
@@ -611,8 +612,11 @@ def worker_ended(worker: multiprocessing.Process):
     code = worker.exitcode
     if code == -signal.SIGTERM:  # a stop sent to each process (systemd's, Slurm's): this one's comes in a moment
         time.sleep(1)
-    how = (f"killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"exit code {code}") + (
-        ", as the system's out-of-memory killer kills" if code == -signal.SIGKILL else "")
+    try:
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    except ValueError:  # a signal without a name (a real-time one)
+        how = f"killed by signal {-code}"
+    how += ", as the system's out-of-memory killer kills" if code == -signal.SIGKILL else ""
     said = f"a worker process of this prepare ended ({how})"
     if EXITS_AT_ONCE:
         def line():

@@ -722,16 +722,23 @@ def test_settings_given_that_the_run_does_not_use_are_named_with_what_would_use_
 
 
 def test_a_copied_run_folder_is_told_from_a_moved_one(tmp_path):
-    """A checkpoint saved in another folder that still holds a run: a copy (it needs a wandb run of its own); one
-    that holds nothing now: the run was moved; the same folder by another path (a link, a mount): neither."""
+    """A checkpoint saved in another folder that still holds the same wandb run: a copy (it needs a wandb run of
+    its own); one that holds nothing now, or another run: the run was moved; the same folder by another path (a
+    link, a mount): neither."""
     from checkpoint import copied_from
+    from report import fork_run_id
     original, copy = tmp_path / "run", tmp_path / "copy"
     for folder in (original, copy):
         folder.mkdir()
-        (folder / "ckpt.pt").write_bytes(b"")
+        torch.save({"wandb_run_id": "abc123"}, folder / "ckpt.pt")
     os.symlink(original, tmp_path / "link")
-    assert copied_from(str(original), str(copy)) == str(original)
-    assert copied_from(str(original), str(original)) is None and copied_from(str(original), str(tmp_path / "link")) is None
-    assert copied_from(None, str(copy)) is None  # a checkpoint from before folders were saved
+    assert copied_from(str(original), str(copy), "abc123") == str(original)
+    assert copied_from(str(original), str(original), "abc123") is None
+    assert copied_from(str(original), str(tmp_path / "link"), "abc123") is None
+    assert copied_from(None, str(copy), "abc123") is None  # a checkpoint from before folders were saved
+    assert copied_from(str(original), str(copy), None) is None  # no wandb run to share
+    torch.save({"wandb_run_id": "def456"}, original / "ckpt.pt")  # moved, and a new run started where it was
+    assert copied_from(str(original), str(copy), "abc123") is None
     os.remove(original / "ckpt.pt")
-    assert copied_from(str(original), str(copy)) is None  # moved: nothing is left where it was
+    assert copied_from(str(original), str(copy), "abc123") is None  # moved: nothing is left where it was
+    assert fork_run_id("abc123", str(copy)) == fork_run_id("abc123", str(copy)) != fork_run_id("abc123", str(original))
