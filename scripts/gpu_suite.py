@@ -2,7 +2,7 @@
 The GPU suite: checks and times everything that needs a GPU, for short borrowed slots.
 
     python scripts/gpu_suite.py --out=gpu_results                 # what fits in --budget seconds (480: 8 minutes)
-    python scripts/gpu_suite.py --out=gpu_results --only=options,nanogpt,prefetch,autotune --budget=520
+    python scripts/gpu_suite.py --out=gpu_results --only=env,options,nanogpt,prefetch,autotune --budget=200
     python scripts/gpu_suite.py --out=gpu_results --nanogpt=PATH   # also time nanoGPT's train.py beside ours
 
 Steps, in order: env; checks (the CUDA tests and the Shakespeare char runs, side by side on the GPU, since only
@@ -33,9 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from metrics import median_step_ms, nanogpt_median_step_ms  # noqa: E402  (the repository's own modules, from its root)
 from report import read_summary  # noqa: E402
-# Seconds each step takes on one H100: guesses from the 2026-11-22 run of the first version (about 35 s per GPT-2
-# 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths and options; set them from
-# the logs of the next run. The budget starts no step that would not end in time.
+# Seconds each step takes on one H100 (an H200 computes as fast): guesses from the 2026-11-22 run of the first
+# version (about 35 s per GPT-2 124M process, most of it compiling), with the compile caches warm for gpt2, fastpaths
+# and options; set them from the logs of the next run. The budget starts no step that would not end in time.
 GPU_SECONDS = {"env": 15, "checks": 180, "gpt2": 100, "fastpaths": 170, "options": 200, "nanogpt": 240, "prefetch": 90,
                "autotune": 300}
 CPU_STEP_SECONDS = 5  # each step of the reduced CPU version, as counted (checks take up to 20, their jobs sharing the cores: a budget short of that stops them at its end)
@@ -548,7 +548,10 @@ NANOGPT_FILES = ("train.py", "model.py", "configurator.py")  # what the nanogpt 
 
 
 def next_call(args, parser, steps: list[str]) -> str:
-    """The command that runs steps next: this one's settings, but for --out and --only."""
+    """The command that runs steps next: this one's settings, but for --out and --only. env leads it where this call
+    ran env: the next call may come in another slot, on another machine, and its table must name that machine."""
+    if "env" in args.only.split(",") and "env" not in steps:
+        steps = ["env", *steps]
     kept = [shlex.quote(f"--{k}={v}") for k, v in vars(args).items()
             if k not in ("out", "only") and v != parser.get_default(k)]
     return " ".join(["python scripts/gpu_suite.py --out=DIR", f"--only={','.join(steps)}", *kept])

@@ -608,6 +608,17 @@ def test_the_gpu_suite_leaves_out_what_its_budget_cannot_hold(tmp_path):
     assert "next, python scripts/gpu_suite.py --out=DIR --only=env,gpt2,options" in result.stdout
 
 
+def test_the_gpu_suites_next_call_names_its_machine_again(tmp_path):
+    """env ran, gpt2 and options did not fit: the next call, maybe in another slot on another machine, runs env too."""
+    result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
+                        "--only=env,gpt2,options", "--budget=5.5", cwd=str(tmp_path))  # env counts 5 s, and imports torch
+    assert result.returncode == 0, result.stderr
+    rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
+    assert [row.split(" | ")[:2] for row in rows[:3]] == [["| environment", "ok"], ["| step gpt2", "not run"],
+                                                          ["| step options", "not run"]]
+    assert re.search(r"next, python scripts/gpu_suite.py --out=DIR --only=env,gpt2,options .*--budget=5.5", result.stdout)
+
+
 def test_a_step_of_the_gpu_suite_that_raises_is_a_failed_row_and_the_steps_after_it_run(tmp_path):
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "synthetic_tokens_1000000_512").write_text("a file where the prefetch step makes its data")
