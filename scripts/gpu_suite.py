@@ -2,7 +2,7 @@
 The GPU suite: checks and times everything that needs a GPU, for short borrowed slots.
 
     python scripts/gpu_suite.py --out=gpu_results                 # what fits in --budget seconds (480: 8 minutes)
-    python scripts/gpu_suite.py --out=gpu_results --only=env,options,nanogpt,prefetch,autotune --budget=200
+    python scripts/gpu_suite.py --out=gpu_results --only=env,options,nanogpt,prefetch,autotune --budget=220
     python scripts/gpu_suite.py --out=gpu_results --nanogpt=PATH   # also time nanoGPT's train.py beside ours
 
 Steps, in order: env; checks (the CUDA tests and the Shakespeare char runs, side by side on the GPU, since only
@@ -287,7 +287,7 @@ def char_runs(gpu: bool, fp8: bool) -> list[tuple[str, str, list[str]]]:
 
 
 # Compiling GPT-2 124M takes about half a minute a config, and the timed steps compile about 20. While the checks
-# run (and only their results count), two processes compile those configs one after the other, one bench.py run
+# run (and only their results count), a few processes compile those configs one after the other, one bench.py run
 # each, and are stopped when the checks end: the timed steps then find what they compiled in the compile caches.
 WARM = ("import subprocess, sys\n"
         "for flags in sys.argv[1:]:\n"
@@ -297,13 +297,20 @@ WARM = ("import subprocess, sys\n"
 SAME_GRAPH = ("--sync_every_step=True", "--optimizer=muon", "--compile=False")  # A's compiled graph, or none
 
 
-def warm_configs(gpu: bool, fp8: bool) -> list[list[str]]:
-    """The timed steps' compiled configs (A first: every step times against it), dealt to two processes; none on
-    a CPU."""
+def warm_configs(gpu: bool, fp8: bool, processes: int = 2) -> list[list[str]]:
+    """The timed steps' compiled configs (A first: every step times against it), dealt to processes; none on a
+    CPU."""
     if not gpu:
         return []
     configs = ["--batch_size=12"] + [flags for _, flags, _ in fastpaths(gpu, fp8) + OPTIONS if flags not in SAME_GRAPH]
-    return [configs[0::2], configs[1::2]]
+    return [configs[i::processes] for i in range(processes)]
+
+
+def warm_processes(memory_gib: float) -> int:
+    """How many processes compile ahead during the checks. Each holds GPT-2 124M at up to 24 x 1024 (about 17 GiB)
+    beside the char runs and the tests: 4 on a GPU of 120 GiB or more (an H200's 141), which compile the 16 configs
+    in about the checks' 3 minutes at half a minute each; 2 on an 80 GiB H100, which then compile about half."""
+    return 4 if memory_gib >= 120 else 2
 
 
 def step_checks(suite: Suite, args):
@@ -324,8 +331,12 @@ def step_checks(suite: Suite, args):
                                        f"--out_dir={os.path.join(args.work, name)}", f"--max_iters={iters}",
                                        f"--lr_decay_iters={iters}", "--wandb_log=False", "--log_interval=50",
                                        "--overwrite=True", *(GPU_CHAR if suite.gpu else CPU_CHAR), *flags], env=env))
+    processes = 2
+    if suite.gpu:  # the CPU version compiles nothing ahead
+        import torch
+        processes = warm_processes(torch.cuda.get_device_properties(0).total_memory / 2**30)
     warmers = [suite.start(f"compile_warm_{i}", [sys.executable, "-c", WARM, *configs], env=env)
-               for i, configs in enumerate(warm_configs(suite.gpu, suite.fp8))]
+               for i, configs in enumerate(warm_configs(suite.gpu, suite.fp8, processes))]
     results = {job["name"]: suite.wait(job, 900) for job in jobs}
     for job in warmers:  # what they compiled is in the caches; the rest compiles in its own step
         suite.wait(job, 0)
@@ -438,6 +449,13 @@ def step_options(suite: Suite, args):
     compare(suite, "options", OPTIONS)
 
 
+def reads_storage(disk: str) -> bool:
+    """Whether get_batch's from-the-disk figures (bench.py --mode=get_batch) read from storage: not where the folder
+    is in memory (a tmpfs: not measured) or where eviction left the pages in memory (0.00 MiB read per batch both
+    ways, as under a sandbox that keeps files in memory); where the system counts no reads, taken as read."""
+    return "not measured" not in disk and len(re.findall(r"\(0\.00 MiB read per batch\)", disk)) < 2
+
+
 def step_prefetch(suite: Suite, args):
     """Batches read ahead by background threads against read in the loop, GPT-2 124M reading a token file of 1 GB
     (on a CPU, 2 MB) from the disk: bench.py --cold_data evicts it from the page cache before each timed round.
@@ -457,8 +475,9 @@ def step_prefetch(suite: Suite, args):
               if cached else "see logs/get_batch.log")
     what = ("GPT-2 124M reading its tokens from a 1 GB file" if suite.gpu
             else "the CPU model reading its tokens from a 2 MB file")
-    compare(suite, "prefetch", [(f"batches read ahead (prefetch_batches=4) vs in the loop, {what} evicted from the page "
-                                 "cache before each round",
+    where = (" evicted from the page cache before each round" if disk is None or reads_storage(disk[1]) else
+             " that stays in memory here, eviction or not (see the get_batch row), so both read it from memory")
+    compare(suite, "prefetch", [(f"batches read ahead (prefetch_batches=4) vs in the loop, {what}{where}",
                                  "--prefetch_batches=0", True)],
             base=("--real_data=True", f"--dataset={data}", "--cold_data=True", *(["--vocab_size=0"] if suite.gpu else [])))
 
@@ -548,12 +567,13 @@ NANOGPT_FILES = ("train.py", "model.py", "configurator.py")  # what the nanogpt 
 
 
 def next_call(args, parser, steps: list[str]) -> str:
-    """The command that runs steps next: this one's settings, but for --out and --only. env leads it where this call
-    ran env: the next call may come in another slot, on another machine, and its table must name that machine."""
+    """The command that runs steps next: this one's settings, but for --out, --only and --budget (the time the next
+    call has is its own). env leads it where this call ran env: the next call may come in another slot, on another
+    machine, and its table must name that machine."""
     if "env" in args.only.split(",") and "env" not in steps:
         steps = ["env", *steps]
     kept = [shlex.quote(f"--{k}={v}") for k, v in vars(args).items()
-            if k not in ("out", "only") and v != parser.get_default(k)]
+            if k not in ("out", "only", "budget") and v != parser.get_default(k)]
     return " ".join(["python scripts/gpu_suite.py --out=DIR", f"--only={','.join(steps)}", *kept])
 
 
@@ -584,6 +604,11 @@ if __name__ == "__main__":
     if re.search(r"--(batch_size|gradient_accumulation_steps|block_size)=", args.ours_flags):
         sys.exit(f"error: --ours_flags={args.ours_flags!r} sets the batch shape, which the nanogpt step sets for both "
                  "trainers alike: leave it out")
+    if re.search(r"--compile_mode=(reduce-overhead|max-autotune)(\s|$)", args.ours_flags):
+        micro_steps = " and ".join(str(n) for n, _ in NANO_SHAPES)
+        sys.exit(f"error: --ours_flags={args.ours_flags!r} sets a compile_mode with CUDA graphs, which train.py refuses "
+                 f"with more than one micro-step, and the nanogpt step's runs take {micro_steps}: leave it out, or give "
+                 "--compile_mode=max-autotune-no-cudagraphs")
     import torch
     gpu = torch.cuda.is_available()
     if gpu and "checks" in chosen and not (args.char_data or args.char_text or

@@ -514,9 +514,9 @@ def test_the_gpu_suite_stops_a_step_at_the_budget_and_names_it_for_the_next_call
     assert result.returncode == 0, result.stderr
     rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
     assert any(row.startswith("| Shakespeare char") and "| FAILED | see logs/char_fast.log" in row for row in rows), rows
-    assert (f"next, python scripts/gpu_suite.py --out=DIR --only=checks --work={tmp_path / 'work'} --budget=8.0 "
+    assert (f"next, python scripts/gpu_suite.py --out=DIR --only=checks --work={tmp_path / 'work'} "
             f"--char_iters=100000 '--ours_flags=--compile=False --dtype=float32' --char_data={char_data}\n"
-            ) in result.stdout  # the next call keeps this one's settings, quoted for the shell
+            ) in result.stdout  # the next call keeps this one's settings, quoted for the shell, but for its budget
     assert re.search(r"char_fast: exit 124 after \d+ s", result.stdout)
     ends = [int(s) for s in re.findall(r"\] \w+: exit 124 after (\d+) s", result.stdout)]  # the tests' too, if stopped
     assert len(ends) >= 4 and max(ends) - min(ends) <= 2, result.stdout  # stopped together, not one by one
@@ -616,7 +616,28 @@ def test_the_gpu_suites_next_call_names_its_machine_again(tmp_path):
     rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
     assert [row.split(" | ")[:2] for row in rows[:3]] == [["| environment", "ok"], ["| step gpt2", "not run"],
                                                           ["| step options", "not run"]]
-    assert re.search(r"next, python scripts/gpu_suite.py --out=DIR --only=env,gpt2,options .*--budget=5.5", result.stdout)
+    assert re.search(r"next, python scripts/gpu_suite.py --out=DIR --only=env,gpt2,options --work=\S+\n", result.stdout)
+
+
+@pytest.mark.parametrize("flags,problem", [("--batch_size=48", "sets the batch shape"),
+                                           ("--compile_mode=reduce-overhead", "sets a compile_mode with CUDA graphs"),
+                                           ("--dtype=float16 --compile_mode=max-autotune", "compile_mode with CUDA graphs")])
+def test_the_gpu_suite_refuses_ours_flags_that_the_nanogpt_steps_runs_cannot_take(tmp_path, flags, problem):
+    """Found only after nanoGPT's own runs had spent a minute and a half of the slot."""
+    result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
+                        f"--ours_flags={flags}", cwd=str(tmp_path))
+    assert result.returncode == 1 and problem in result.stderr and result.stderr.startswith("error: ")
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_gpu_suite_reads_from_get_batch_whether_the_prefetch_step_read_from_storage():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gpu_suite import reads_storage
+    ahead, random_access = " with the kernel's read-ahead, ", " with random_access"  # bench_get_batch's line
+    assert reads_storage("1812 us (1.50 MiB read per batch)" + ahead + "995 us (0.02 MiB read per batch)" + random_access)
+    assert reads_storage("1812 us" + ahead + "995 us" + random_access)  # a system that counts no reads
+    assert not reads_storage("40 us (0.00 MiB read per batch)" + ahead + "38 us (0.00 MiB read per batch)" + random_access)
+    assert not reads_storage("not measured: /w/tmpab is on a tmpfs, in memory; set TMPDIR to a folder on a disk")
 
 
 def test_a_step_of_the_gpu_suite_that_raises_is_a_failed_row_and_the_steps_after_it_run(tmp_path):
@@ -634,12 +655,14 @@ def test_a_step_of_the_gpu_suite_that_raises_is_a_failed_row_and_the_steps_after
 def test_the_gpu_suite_compiles_ahead_each_graph_its_timed_steps_compile():
     """The GPU's choices, which a CPU machine's run of the suite never makes."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    from gpu_suite import OPTIONS, SAME_GRAPH, char_runs, fastpaths, warm_configs
+    from gpu_suite import OPTIONS, SAME_GRAPH, char_runs, fastpaths, warm_configs, warm_processes
     assert warm_configs(gpu=False, fp8=False) == []
-    first, second = warm_configs(gpu=True, fp8=True)
-    timed = [flags for _, flags, _ in fastpaths(True, True) + OPTIONS]
-    assert first[0] == "--batch_size=12" and abs(len(first) - len(second)) <= 1
-    assert sorted(first[1:] + second) == sorted(f for f in timed if f not in SAME_GRAPH)
+    timed = sorted(flags for _, flags, _ in fastpaths(True, True) + OPTIONS if flags not in SAME_GRAPH)
+    for processes in (warm_processes(80), warm_processes(141)):  # an H100's memory, an H200's
+        dealt = warm_configs(gpu=True, fp8=True, processes=processes)
+        assert len(dealt) == processes and max(map(len, dealt)) - min(map(len, dealt)) <= 1
+        assert dealt[0][0] == "--batch_size=12" and sorted(sum(dealt, [])[1:]) == timed
+    assert (warm_processes(80), warm_processes(141)) == (2, 4)
     assert len(fastpaths(True, True)) == len(fastpaths(True, False)) + 2 == len(fastpaths(False, False)) + 9
     assert [name for name, _, _ in char_runs(True, True)][-1] == "char_fp8"
     assert "char_fp8" not in [name for name, _, _ in char_runs(True, False)]
