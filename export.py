@@ -8,8 +8,9 @@ transformers, lm-evaluation-harness and vLLM load as they are:
 GPT-2-shaped models become GPT2LMHeadModel, LLaMA-shaped ones (rope, rmsnorm, swiglu; GQA and untied
 embeddings allowed) LlamaForCausalLM; other combinations have no transformers class and are refused. The
 folder is written beside `to` and renamed into place, so a failed export leaves no half-written folder.
-An empty folder is written into; --overwrite=True replaces only an earlier export (a folder with
-config.json and weights, and nothing of a training run), so a slip of --to never deletes a run.
+An empty folder is written into; --overwrite=True replaces only an earlier export (a folder of config.json,
+weights and tokenizer files, and nothing else), so a slip of --to never deletes a run, nor an eval.py result
+saved beside an export.
 """
 import os
 import sys
@@ -20,7 +21,7 @@ import torch
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
 from common import UserError, excepthook, signals_deferred
-from hf import has_weights, no_progress_bars, to_transformers, write_tokenizer
+from hf import FOLDER_FILES, has_weights, no_progress_bars, to_transformers, write_tokenizer
 
 init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
 out_dir = "out"  # where the checkpoint is, with init_from='resume'
@@ -29,9 +30,6 @@ to = ""  # the folder to write [to != '']
 dtype = "float32"  # the weights' type in the folder [dtype in ('float32', 'bfloat16', 'float16')]
 overwrite = False  # replace `to` when it holds an earlier export (nothing else is replaced)
 config_defaults = configurator.config_keys(globals())  # taken here, so only the names above are settings
-
-
-EXPORT_FILES = (".json", ".safetensors", ".txt", ".bin", ".model")  # what a transformers folder holds (weights, config, tokenizer)
 
 
 def check_target(folder: str, overwrite: bool):
@@ -58,7 +56,9 @@ def check_target(folder: str, overwrite: bool):
     names = os.listdir(folder)
     if not names and not os.path.ismount(folder):  # made ahead (mkdir) for the export, nothing in it to lose:
         return  # replaced as a whole, which a mount point cannot be (a link was followed: see target_folder)
-    others = [n for n in names if not (os.path.isfile(os.path.join(folder, n)) and n.endswith(EXPORT_FILES))]
+    # a file of another tool's beside an export (eval.py's results, notes) would go with it: only what a transformers
+    # folder holds by name is replaced
+    others = [n for n in names if not (os.path.isfile(os.path.join(folder, n)) and FOLDER_FILES.fullmatch(n))]
     if others or "config.json" not in names or not has_weights(folder):  # whatever overwrite says: only an export is replaced
         why = f"it holds {', '.join(sorted(others)[:4])}" if others else "it lacks config.json or weights"
         raise UserError(f"--to={folder} already exists and is not an earlier export ({why}): choose another --to")

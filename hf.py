@@ -9,6 +9,7 @@ is already Hugging Face's (rotate-half), so no weight is permuted.
 """
 import dataclasses
 import os
+import re
 from contextlib import contextmanager
 
 import torch
@@ -21,6 +22,10 @@ PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 
 EPS = 1e-5  # model.py's LayerNorm and RMSNorm epsilon
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")  # where save_pretrained puts the weights
+# every file a transformers model folder holds: save_pretrained's config, weights (whole or sharded) and tokenizer
+FOLDER_FILES = re.compile(r"(generation_)?config\.json|(tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)"
+                          r"\.json|merges\.txt|tokenizer\.model|chat_template\.(jinja|json)"
+                          r"|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)|(model\.safetensors|pytorch_model\.bin)\.index\.json")
 MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")  # GPT-2's causal-mask buffers in transformers' files: no weights
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
 

@@ -2,6 +2,7 @@
 checkpoints as init_from, nanoGPT checkpoints sampled directly."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -143,6 +144,12 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeyp
                                             r"choose another --to$"):
             export(random_model(), vocab, str(run), "float32", overwrite)
     assert (run / "ckpt.pt").read_bytes() == b"weights"
+    for other in ("hellaswag.json", "NOTES.txt", "summary.json"):  # eval.py's result, notes, a run's summary
+        (tmp_path / "hf" / other).write_text("{}")  # beside an earlier export: not replaced with it
+        with pytest.raises(UserError, match=rf"is not an earlier export \(it holds {re.escape(other)}\)"):
+            export(random_model(), vocab, folder, "float32", True)
+        assert (tmp_path / "hf" / other).read_text() == "{}"
+        os.remove(tmp_path / "hf" / other)
     sharded = tmp_path / "sharded"  # save_pretrained's sharded .bin weights: a transformers folder like ours
     sharded.mkdir()
     for name in ("config.json", "pytorch_model.bin.index.json", "pytorch_model-00001-of-00002.bin"):
