@@ -13,7 +13,7 @@ import os
 import sys
 
 import metrics
-from common import UserError, atomic_write, plural
+from common import UserError, atomic_write, excepthook, plural
 
 
 def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
@@ -27,9 +27,9 @@ def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
 
 
 def run_labels(out_dirs: list[str]) -> list[str]:
-    """A legend label per run: its folder's name, or its path where two runs' folders share a name (out-a/out and
-    out-b/out)."""
-    names = [os.path.basename(os.path.normpath(d)) for d in out_dirs]
+    """A legend label per run: its folder's name (the working folder's for '.'), or its path where two runs'
+    folders share a name (out-a/out and out-b/out)."""
+    names = [os.path.basename(os.path.abspath(d)) for d in out_dirs]
     return [name if names.count(name) == 1 else os.path.normpath(d) for name, d in zip(names, out_dirs)]
 
 
@@ -139,6 +139,7 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
 
 
 if __name__ == "__main__":
+    sys.excepthook = excepthook  # as the other scripts: a reader gone (`| head`) ends it quietly
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dirs", nargs="+", help="run folders holding metrics.csv (or their metrics.csv files)")
     parser.add_argument("--out", help="PNG to write (default: plot.png in the first run's folder)")
