@@ -297,7 +297,7 @@ WARM = ("import subprocess, sys\n"
 SAME_GRAPH = ("--sync_every_step=True", "--optimizer=muon", "--compile=False")  # A's compiled graph, or none
 
 
-def warm_configs(gpu: bool, fp8: bool, processes: int = 2) -> list[list[str]]:
+def warm_configs(gpu: bool, fp8: bool, processes: int) -> list[list[str]]:
     """The timed steps' compiled configs (A first: every step times against it), dealt to processes; none on a
     CPU."""
     if not gpu:
@@ -308,8 +308,9 @@ def warm_configs(gpu: bool, fp8: bool, processes: int = 2) -> list[list[str]]:
 
 def warm_processes(memory_gib: float) -> int:
     """How many processes compile ahead during the checks. Each holds GPT-2 124M at up to 24 x 1024 (about 17 GiB)
-    beside the char runs and the tests: 4 on a GPU of 120 GiB or more (an H200's 141), which compile the 16 configs
-    in about the checks' 3 minutes at half a minute each; 2 on an 80 GiB H100, which then compile about half."""
+    beside the char runs and the tests: 4 on a GPU of 120 GiB or more (an H200's 139), which compile the 17 configs
+    (15 without fp8) in about the checks' 3 minutes at half a minute each; 2 on an H100's 79, which compile some 12.
+    (Their compile threads and the other jobs then ask for about the 16 cores of the H200 machine.)"""
     return 4 if memory_gib >= 120 else 2
 
 
@@ -331,10 +332,8 @@ def step_checks(suite: Suite, args):
                                        f"--out_dir={os.path.join(args.work, name)}", f"--max_iters={iters}",
                                        f"--lr_decay_iters={iters}", "--wandb_log=False", "--log_interval=50",
                                        "--overwrite=True", *(GPU_CHAR if suite.gpu else CPU_CHAR), *flags], env=env))
-    processes = 2
-    if suite.gpu:  # the CPU version compiles nothing ahead
-        import torch
-        processes = warm_processes(torch.cuda.get_device_properties(0).total_memory / 2**30)
+    import torch
+    processes = warm_processes(torch.cuda.get_device_properties(0).total_memory / 2**30) if suite.gpu else 0
     warmers = [suite.start(f"compile_warm_{i}", [sys.executable, "-c", WARM, *configs], env=env)
                for i, configs in enumerate(warm_configs(suite.gpu, suite.fp8, processes))]
     results = {job["name"]: suite.wait(job, 900) for job in jobs}
@@ -607,7 +606,7 @@ if __name__ == "__main__":
     if re.search(r"--compile_mode=(reduce-overhead|max-autotune)(\s|$)", args.ours_flags):
         micro_steps = " and ".join(str(n) for n, _ in NANO_SHAPES)
         sys.exit(f"error: --ours_flags={args.ours_flags!r} sets a compile_mode with CUDA graphs, which train.py refuses "
-                 f"with more than one micro-step, and the nanogpt step's runs take {micro_steps}: leave it out, or give "
+                 f"with more than one micro-step, and the nanogpt step's runs take {micro_steps} micro-steps: leave it out, or give "
                  "--compile_mode=max-autotune-no-cudagraphs")
     import torch
     gpu = torch.cuda.is_available()

@@ -609,14 +609,19 @@ def test_the_gpu_suite_leaves_out_what_its_budget_cannot_hold(tmp_path):
 
 
 def test_the_gpu_suites_next_call_names_its_machine_again(tmp_path):
-    """env ran, gpt2 and options did not fit: the next call, maybe in another slot on another machine, runs env too."""
+    """env ran, the nanogpt step (300 s on a CPU) did not fit: the next call, maybe in another slot on another
+    machine, runs env too, and takes the budget its own slot gives."""
+    nanogpt = tmp_path / "nanoGPT"
+    nanogpt.mkdir()
+    for name in ("train.py", "model.py", "configurator.py"):  # never run: the step is not started
+        (nanogpt / name).write_text("raise SystemExit('ran')\n")
     result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
-                        "--only=env,gpt2,options", "--budget=5.5", cwd=str(tmp_path))  # env counts 5 s, and imports torch
+                        "--only=env,nanogpt", "--budget=120", f"--nanogpt={nanogpt}", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     rows = open(tmp_path / "out" / "table.md").read().splitlines()[2:]
-    assert [row.split(" | ")[:2] for row in rows[:3]] == [["| environment", "ok"], ["| step gpt2", "not run"],
-                                                          ["| step options", "not run"]]
-    assert re.search(r"next, python scripts/gpu_suite.py --out=DIR --only=env,gpt2,options --work=\S+\n", result.stdout)
+    assert [row.split(" | ")[:2] for row in rows[:2]] == [["| environment", "ok"], ["| step nanogpt", "not run"]]
+    assert (f"next, python scripts/gpu_suite.py --out=DIR --only=env,nanogpt --work={tmp_path / 'work'} "
+            f"--nanogpt={nanogpt}\n") in result.stdout
 
 
 @pytest.mark.parametrize("flags,problem", [("--batch_size=48", "sets the batch shape"),
@@ -656,13 +661,13 @@ def test_the_gpu_suite_compiles_ahead_each_graph_its_timed_steps_compile():
     """The GPU's choices, which a CPU machine's run of the suite never makes."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from gpu_suite import OPTIONS, SAME_GRAPH, char_runs, fastpaths, warm_configs, warm_processes
-    assert warm_configs(gpu=False, fp8=False) == []
+    assert warm_configs(gpu=False, fp8=False, processes=0) == []
     timed = sorted(flags for _, flags, _ in fastpaths(True, True) + OPTIONS if flags not in SAME_GRAPH)
-    for processes in (warm_processes(80), warm_processes(141)):  # an H100's memory, an H200's
+    for processes in (warm_processes(79.2), warm_processes(139.8)):  # an H100's GiB, an H200's
         dealt = warm_configs(gpu=True, fp8=True, processes=processes)
         assert len(dealt) == processes and max(map(len, dealt)) - min(map(len, dealt)) <= 1
         assert dealt[0][0] == "--batch_size=12" and sorted(sum(dealt, [])[1:]) == timed
-    assert (warm_processes(80), warm_processes(141)) == (2, 4)
+    assert (warm_processes(79.2), warm_processes(139.8)) == (2, 4)
     assert len(fastpaths(True, True)) == len(fastpaths(True, False)) + 2 == len(fastpaths(False, False)) + 9
     assert [name for name, _, _ in char_runs(True, True)][-1] == "char_fp8"
     assert "char_fp8" not in [name for name, _, _ in char_runs(True, False)]
