@@ -28,9 +28,11 @@ def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
 
 def run_labels(out_dirs: list[str]) -> list[str]:
     """A legend label per run: its folder's name (the working folder's for '.'), or its path where two runs'
-    folders share a name (out-a/out and out-b/out)."""
+    folders share a name (out-a/out and out-b/out; the absolute path for one given as '.' or from above)."""
     names = [os.path.basename(os.path.abspath(d)) for d in out_dirs]
-    return [name if names.count(name) == 1 else os.path.normpath(d) for name, d in zip(names, out_dirs)]
+    paths = [os.path.normpath(d) for d in out_dirs]
+    paths = [os.path.abspath(p) if p in (".", "..") or p.startswith(".." + os.sep) else p for p in paths]
+    return [name if names.count(name) == 1 else path for name, path in zip(names, paths)]
 
 
 def smooth(values: list[float], weight: float) -> list[float]:

@@ -35,12 +35,14 @@ def test_plot_renders_two_runs(char_data, tmp_path):
     assert "note: --logx leaves out 2 points at 0 tokens (iter 0's evaluation): a log axis has no 0\n" == result.stderr
     named = run_script("plot.py", os.path.join(runs[0], "metrics.csv"), cwd=str(tmp_path))  # the file, for its run
     assert named.returncode == 0 and named.stdout == f"wrote {os.path.join(runs[0], 'plot.png')}\n", named.stderr
+    os.remove(os.path.join(runs[0], "plot.png"))
     read_end, write_end = os.pipe()  # `plot.py run | head -0`: the reader has gone before the last line
     os.close(read_end)
     piped = subprocess.run([sys.executable, os.path.join(ROOT, "plot.py"), runs[0]], stdout=write_end,
                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), timeout=120)
     os.close(write_end)
-    assert piped.returncode == 1 and piped.stderr == "", piped.stderr  # the plot written, and no traceback
+    assert piped.returncode == 1 and piped.stderr == "", piped.stderr  # no traceback
+    assert os.path.isfile(os.path.join(runs[0], "plot.png"))  # written before the line that failed
 
 
 def test_a_log_axis_leaves_out_the_points_at_0_tokens_which_it_would_draw_at_its_edge():
@@ -92,6 +94,7 @@ def test_plot_labels_runs_by_folder_name_and_by_path_where_names_collide(tmp_pat
     (tmp_path / "lr3" / "inner").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "lr3" / "inner")
     assert run_labels([".", ".."]) == ["inner", "lr3"]  # a legend of '.' named no run
+    assert run_labels([".", "../../b/inner"]) == [str(tmp_path / "lr3" / "inner"), str(tmp_path / "b" / "inner")]
 
 
 def test_plot_of_a_metrics_file_with_a_header_and_no_rows_is_a_one_line_error(tmp_path):
