@@ -22,7 +22,8 @@ PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 
 EPS = 1e-5  # model.py's LayerNorm and RMSNorm epsilon
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")  # where save_pretrained puts the weights
-# every file a transformers model folder holds: save_pretrained's config, weights (whole or sharded) and tokenizer
+# the files save_pretrained writes for a causal LM (config, weights whole or sharded) and its tokenizer, in
+# transformers 4 and 5
 FOLDER_FILES = re.compile(r"(generation_)?config\.json|(tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)"
                           r"\.json|merges\.txt|tokenizer\.model|chat_template\.(jinja|json)"
                           r"|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)|(model\.safetensors|pytorch_model\.bin)\.index\.json")
