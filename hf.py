@@ -24,9 +24,11 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")  # where save_pretrained puts the weights
 # the files save_pretrained writes for a causal LM (config, weights whole or sharded) and its tokenizer, in
 # transformers 4 and 5
-FOLDER_FILES = re.compile(r"(generation_)?config\.json|(tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)"
-                          r"\.json|merges\.txt|tokenizer\.model|chat_template\.(jinja|json)"
-                          r"|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)|(model\.safetensors|pytorch_model\.bin)\.index\.json")
+FOLDER_FILES = re.compile(r"(generation_)?config\.json"  # the model's
+                          r"|(tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)\.json"  # the tokenizer's
+                          r"|merges\.txt|tokenizer\.model|chat_template\.(jinja|json)"
+                          r"|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)"  # weights, whole or a shard
+                          r"|(model\.safetensors|pytorch_model\.bin)\.index\.json")  # the shards' index
 MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")  # GPT-2's causal-mask buffers in transformers' files: no weights
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
 

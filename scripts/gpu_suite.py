@@ -605,9 +605,9 @@ if __name__ == "__main__":
                  "trainers alike: leave it out")
     if re.search(r"--compile_mode=(reduce-overhead|max-autotune)(\s|$)", args.ours_flags):
         micro_steps = " and ".join(str(n) for n, _ in NANO_SHAPES)
-        sys.exit(f"error: --ours_flags={args.ours_flags!r} sets a compile_mode with CUDA graphs, which train.py refuses "
-                 f"with more than one micro-step, and the nanogpt step's runs take {micro_steps} micro-steps: leave it out, or give "
-                 "--compile_mode=max-autotune-no-cudagraphs")
+        sys.exit(f"error: --ours_flags={args.ours_flags!r} sets a compile_mode with CUDA graphs, which train.py "
+                 f"refuses with more than one micro-step, and the nanogpt step's runs take {micro_steps} micro-steps: "
+                 "leave it out, or give --compile_mode=max-autotune-no-cudagraphs")
     import torch
     gpu = torch.cuda.is_available()
     if gpu and "checks" in chosen and not (args.char_data or args.char_text or
