@@ -47,7 +47,7 @@ import torch
 
 import configurator
 from common import (UserError, autocast_context, check_compile_mode, check_device, compile_problem, cpu_contention,
-                    excepthook, peak_flops, resolve_dtype)
+                    peak_flops, resolve_dtype, start_script)
 from fp8 import check_fp8, use_fp8
 from model import GPT, GPTConfig
 
@@ -676,7 +676,7 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
 
 
 if __name__ == "__main__":
-    sys.excepthook = excepthook
+    start_script()
     # read once for the device and mode, which pick the defaults: on a CPU, --mode=train's model keys default to
     # CPU_MODEL, so what a file or flag sets stays, even where it equals GPT-2's default (--n_layer=12)
     first = configurator.configure({**config_defaults, "init_from": "scratch"}, sys.argv[1:], __file__,

@@ -9,6 +9,7 @@ torch.
 """
 import errno
 import importlib.util
+import io
 import json
 import math
 import os
@@ -24,6 +25,16 @@ from contextlib import contextmanager, nullcontext
 
 class UserError(ValueError):
     """Bad input from the user. Scripts print its message on one line and exit non-zero (see excepthook)."""
+
+
+def start_script():
+    """What each script does first: an uncaught exception goes through excepthook, and stdout and stderr write any
+    text, a character their encoding lacks (an ASCII or Latin-1 locale, PYTHONIOENCODING=ascii) as a backslash
+    escape, where stdout would raise UnicodeEncodeError at the first config line, path or sample that holds one."""
+    sys.excepthook = excepthook
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):  # not a stream closed at the start (None) or one a caller replaced
+            stream.reconfigure(errors="backslashreplace")
 
 
 def excepthook(exc_type, exc, tb):

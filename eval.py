@@ -16,8 +16,9 @@ import time
 
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
-from common import (UserError, autocast_context, check_device, excepthook, launcher_ranks, leave_distributed,
-                    replaceable_result, resolve_dtype, setup_distributed, to_devnull, write_json)
+from common import (UserError, autocast_context, check_device, launcher_ranks, leave_distributed,
+                    replaceable_result, resolve_dtype, setup_distributed, start_script, to_devnull,
+                    write_json)
 from hellaswag import check_encodable, find_data, read_examples, score
 from tokenizer import codec
 
@@ -55,7 +56,7 @@ def check_out_file(path: str):
 
 
 if __name__ == "__main__":
-    sys.excepthook = excepthook
+    start_script()
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
     check_init_from(init_from, ("resume",), checkpoint)

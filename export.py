@@ -20,7 +20,7 @@ import torch
 
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
-from common import UserError, excepthook, signals_deferred
+from common import UserError, signals_deferred, start_script
 from hf import FOLDER_FILES, has_weights, no_progress_bars, to_transformers, write_tokenizer
 
 init_from = "resume"  # 'resume' (a checkpoint in out_dir, ours or nanoGPT's), gpt2, gpt2-medium, gpt2-large, gpt2-xl, a folder saved by transformers, or a checkpoint file
@@ -107,7 +107,7 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
 
 
 if __name__ == "__main__":
-    sys.excepthook = excepthook
+    start_script()
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
     check_init_from(init_from, ("resume",), checkpoint)

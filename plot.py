@@ -13,7 +13,7 @@ import os
 import sys
 
 import metrics
-from common import UserError, atomic_write, excepthook, plural
+from common import UserError, atomic_write, plural, start_script
 
 
 def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
@@ -141,7 +141,7 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
 
 
 if __name__ == "__main__":
-    sys.excepthook = excepthook  # as the other scripts: a reader gone (`| head`) ends it quietly
+    start_script()  # as the other scripts: a reader gone (`| head`) ends it quietly
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dirs", nargs="+", help="run folders holding metrics.csv (or their metrics.csv files)")
     parser.add_argument("--out", help="PNG to write (default: plot.png in the first run's folder)")

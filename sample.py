@@ -14,7 +14,7 @@ import torch
 
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
-from common import UserError, autocast_context, check_device, compile_problem, excepthook, resolve_dtype
+from common import UserError, autocast_context, check_device, compile_problem, resolve_dtype, start_script
 from tokenizer import codec, decodable_ids, encode_setting
 
 # ---- model
@@ -51,7 +51,7 @@ def read_prompt(start: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.excepthook = excepthook
+    start_script()
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
 

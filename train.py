@@ -40,7 +40,7 @@ from checkpoint import (ARCH_KEYS, PROGRESS_KEYS, SHAPE_KEYS, architecture, bett
 from common import (STOP_CHECK_STEPS, FolderLock, Outliving, UserError, agreed_problem, autocast_context,
                     check_compile_mode, check_device, compile_problem, cpu_contention, excepthook, launcher_ranks,
                     leave_distributed, local_processes, on_rank0, peak_flops, plural, raise_held, resolve_dtype,
-                    setup_distributed, stop_agreed)
+                    setup_distributed, start_script, stop_agreed)
 from dataset import (Prefetcher, check_block_size, data_change, dataset_files_in, eval_key, get_batch, load_dataset,
                      model_vocab_size, read_batch, seed_from, token_files)
 from fp8 import check_fp8, use_fp8
@@ -378,7 +378,7 @@ def estimate_loss(model, batch_fn, eval_iters: int, ctx=nullcontext(), rank: int
 # ---------------------------------------------------------------------------------------------
 
 if __name__ == "__main__":
-    sys.excepthook = excepthook
+    start_script()
     given = set()  # the settings the user set, if to their default (see check_same_shape)
     config = configurator.configure(config_defaults, sys.argv[1:], __file__, check=False, given=given)  # types; rules below
     setting_rules = configurator.rules(__file__, config_defaults)

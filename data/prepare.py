@@ -42,7 +42,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for the project's modules (common, dataset, tokenizer) when run as a script
-from common import NO_LOCKS, UserError, plural, signals_deferred  # noqa: E402
+from common import NO_LOCKS, UserError, plural, signals_deferred, start_script  # noqa: E402
 from dataset import dataset_files_in, read_meta, run_files_in, staged_meta_pkl, token_file_split, write_meta  # noqa: E402
 from tokenizer import EOT, encoding_from_bytes, gpt2_encoding, rank_file_bytes  # noqa: E402
 
@@ -536,6 +536,7 @@ def run_cli(job, out_dir: str):
     shutdown can hang on a task half written to workers that are gone (SIGTERM to the process group). The
     handler then removes the .tmp files and a folder this prepare made, kills the workers and exits at once.
     While a finished dataset is put in place, the signal waits (dataset.write_meta)."""
+    start_script()  # a path or a note with a character the terminal's encoding lacks: escaped, not a traceback
     existed = os.path.lexists(out_dir)
     run_files = run_files_in(out_dir)
     if run_files:

@@ -312,6 +312,29 @@ def test_samples_during_training_go_to_stdout_and_a_file_on_the_same_schedule_ac
 
 
 @pytest.mark.slow
+def test_a_terminal_whose_encoding_lacks_the_texts_characters_gets_escapes_where_it_raised(tmp_path):
+    """Under an ASCII locale (or PYTHONIOENCODING=ascii, or Latin-1 and a CJK sample) stdout raised
+    UnicodeEncodeError at the config line that holds the prompt, before training, and sample.py at its first sample;
+    now the character is written escaped, and the run's own files keep it as it is."""
+    data, out = str(tmp_path / "data"), str(tmp_path / "out")
+    load_module("data/shakespeare_char/prepare.py").prepare("ROMEO: 日本の夜。\n" * 200, data)
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    trained = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                              *tiny_args(data, out, max_iters=4, eval_interval=2, sample_interval=1,
+                                         sample_prompt="日本", sample_tokens=8)],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, encoding="ascii")
+    assert trained.returncode == 0, trained.stderr
+    assert "sample_prompt='\\u65e5\\u672c'" in trained.stdout
+    assert "---- sample at iter 4 ----\n\\u65e5\\u672c" in trained.stdout
+    with open(os.path.join(out, "samples.txt"), encoding="utf-8") as f:
+        assert "---- iter 4 ----\n日本" in f.read()
+    sampled = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={out}", "--device=cpu",
+                              "--num_samples=1", "--max_new_tokens=8", "--start=日本"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, encoding="ascii")
+    assert sampled.returncode == 0 and sampled.stdout.startswith("\\u65e5\\u672c"), sampled.stderr
+
+
+@pytest.mark.slow
 def test_run_info_and_summary_files(char_data, tmp_path):
     out = str(tmp_path / "out")
     result = run_script("train.py", *tiny_args(char_data, out, max_iters=8, eval_interval=4), cwd=str(tmp_path))
