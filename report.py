@@ -145,8 +145,10 @@ def run_info(config: dict, argv: list[str], code_dir: str = os.path.dirname(os.p
             "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
 
 
-EVAL_ONLY_KEYS = {"init_from", "iter", "dataset", "eval_iters", "batch_size", "block_size", "train_loss", "val_loss",
-                  "time"}  # what an eval_only run writes to eval.json
+EVAL_ONLY_KEYS = {"init_from", "checkpoint", "iter", "dataset", "eval_iters", "batch_size", "block_size", "train_loss",
+                  "val_loss", "time"}  # what an eval_only run writes to eval.json; checkpoint: resume_from, or None
+# an eval.json written before checkpoint was recorded, which a new evaluation may replace as well
+EVAL_ONLY_KEYS_BEFORE = EVAL_ONLY_KEYS - {"checkpoint"}
 
 
 def check_eval_file(out_dir: str):
@@ -154,7 +156,7 @@ def check_eval_file(out_dir: str):
     HellaSwag score may be there)."""
     path = os.path.join(out_dir, "eval.json")
     fix = "move it aside, or evaluate into another out_dir"
-    if not replaceable_result(path, EVAL_ONLY_KEYS, fix):
+    if not (replaceable_result(path, EVAL_ONLY_KEYS, fix) or replaceable_result(path, EVAL_ONLY_KEYS_BEFORE, fix)):
         raise UserError(f"{path} already exists and is not an earlier result of an eval_only run: {fix}")
 
 
@@ -293,6 +295,8 @@ class Reporter:
 
     def eval_only(self, result: dict):
         """The result of an eval_only run: printed, and written to eval.json, the one file such a run writes."""
+        if set(result) != EVAL_ONLY_KEYS - {"time"}:  # this file format's keys, the time added here
+            raise ValueError(f"the evaluation's keys differ from EVAL_ONLY_KEYS in {sorted(set(result) ^ EVAL_ONLY_KEYS)}")
         if not self.active:
             return
         path = os.path.join(self.out_dir, "eval.json")
@@ -303,7 +307,7 @@ class Reporter:
             print(json_text({"eval": result}), flush=True)
         else:
             at = f" at iter {result['iter']}" if result["iter"] is not None else ""  # None: not this run's step
-            print(f"eval of {result['init_from']}{at}: train loss {result['train_loss']:.4f}, "
+            print(f"eval of {result['checkpoint'] or result['init_from']}{at}: train loss {result['train_loss']:.4f}, "
                   f"val loss {result['val_loss']:.4f} (written to {path})", flush=True)
 
     def step(self, it: int, max_iters: int, tokens: int, loss: float, lr: float, grad_norm: float, dt: float,

@@ -801,7 +801,8 @@ if __name__ == "__main__":
 
     if eval_only:  # one evaluation into eval.json; the run's metrics, summary, config and run.json stay as they are
         losses = estimate_loss(eval_model, eval_batch, eval_iters, ctx, rank, world_size)
-        report.eval_only(dict(init_from=init_from, iter=iter_num if init_from == "resume" else None,  # else not ours
+        ours = init_from == "resume"  # else a step and a checkpoint name that are not this run's
+        report.eval_only(dict(init_from=init_from, checkpoint=resume_from if ours else None, iter=iter_num if ours else None,
                               dataset=dataset, eval_iters=eval_iters, batch_size=batch_size, block_size=block_size,
                               train_loss=losses["train"], val_loss=losses["val"]))
         leave_distributed(world_size)

@@ -772,6 +772,7 @@ def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_pat
     assert {k: v for k, v in digests(trained).items() if k != "eval.json"} == before
     evaluated = json.load(open(os.path.join(trained, "eval.json")))
     assert evaluated["iter"] == 4 and evaluated["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-6)
+    assert evaluated["checkpoint"] == "ckpt.pt"
     # its lines describe the evaluation, not the training run the config also describes
     batches = (f"{evaluated['eval_iters']} batches of {evaluated['batch_size']} sequences x "
                f"{evaluated['block_size']} tokens")
@@ -782,6 +783,27 @@ def test_eval_only_writes_eval_json_and_nothing_else(trained, char_data, tmp_pat
                      "--dry_run=True", cwd=str(tmp_path))
     assert dry.returncode == 0 and f"an evaluation of {batches} per split" in dry.stdout, dry.stderr
     assert "per step" not in dry.stdout
+
+
+def test_eval_json_names_the_checkpoint_evaluated_and_replaces_one_written_before_it_did(trained, char_data, tmp_path):
+    """A best.pt and a ckpt.pt of the same iter (a run that went back) gave eval.json files that differed in their
+    losses alone; an eval.json of the keys written before is still an evaluation's own, for the next to replace."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    old = {"init_from": "resume", "iter": 4, "dataset": "d", "eval_iters": 1, "batch_size": 1, "block_size": 1,
+           "train_loss": 1.0, "val_loss": 1.0, "time": "2026-12-01T00:00:00"}
+    with open(run / "eval.json", "w") as f:
+        json.dump(old, f)
+    result = run_script("train.py", *args_for(char_data, str(run), max_iters=4, init_from="resume", eval_only=True,
+                                              resume_from="best.pt"), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "eval of best.pt at iter 4:" in result.stdout
+    evaluated = json.load(open(run / "eval.json"))
+    assert evaluated["checkpoint"] == "best.pt" and evaluated["time"] != old["time"]
+    gpt2_style = run_script("train.py", *args_for(char_data, str(tmp_path / "new"), max_iters=4, eval_only=True,
+                                                  init_from=str(run / "best.pt")), cwd=str(tmp_path))
+    assert gpt2_style.returncode == 0, gpt2_style.stderr
+    assert json.load(open(tmp_path / "new" / "eval.json"))["checkpoint"] is None  # init_from names the file
 
 
 @pytest.mark.parametrize("blocked", ["config.json.tmp", "summary.json.tmp"])
@@ -826,7 +848,7 @@ def test_each_early_exit_under_ddp_leaves_the_group_cleanly(trained, char_data, 
     proc = torchrun(2, *args_for(char_data, trained, backend="gloo", max_iters=4, init_from="resume"), *flag)
     stdout, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 0, stderr
-    assert {"finished": "is finished", "eval_only": "eval of resume at iter 4", "dry_run": "dry run: it fits"}[how] in stdout
+    assert {"finished": "is finished", "eval_only": "eval of ckpt.pt at iter 4", "dry_run": "dry run: it fits"}[how] in stdout
     assert "Traceback" not in stderr
     assert {k: v for k, v in digests(trained).items() if k != "eval.json"} == before
 

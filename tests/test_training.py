@@ -470,7 +470,7 @@ def test_evaluation_windows_do_not_depend_on_the_seed(char_data, tmp_path):
         result = run_script("train.py", *tiny_args(char_data, out, init_from="resume", eval_only=True, seed=seed),
                             cwd=str(tmp_path))
         assert result.returncode == 0, result.stderr
-        lines.append([line for line in result.stdout.splitlines() if line.startswith("eval of resume at iter 10:")])
+        lines.append([line for line in result.stdout.splitlines() if line.startswith("eval of ckpt.pt at iter 10:")])
     assert lines[0] == lines[1] and len(lines[0]) == 1
 
 
