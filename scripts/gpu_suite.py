@@ -553,7 +553,7 @@ def step_nanogpt(suite: Suite, args):
         fp8 = suite.fp8 and (n, b) != NANO_SHAPES[0]
         for trainer, extra in [("ours", [])] + ([("ours_fp8", ["--fp8=True"])] if fp8 else []):
             out_dir = os.path.join(args.work, f"{trainer}_{n}x{b}")
-            code, _ = suite.run(f"{trainer}_{n}x{b}", [sys.executable, "train.py", *common, *shape, *args.ours_flags.split(),
+            code, _ = suite.run(f"{trainer}_{n}x{b}", [sys.executable, "train.py", *common, *shape, *shlex.split(args.ours_flags),
                                                       *extra, f"--out_dir={out_dir}", "--overwrite=True"], 600)
             ms[trainer, n, b] = median_step_ms(out_dir, 5) if code == 0 else None
     for row in nanogpt_rows(ms, block_size, args.ours_flags):
@@ -600,10 +600,18 @@ if __name__ == "__main__":
     missing = [f for f in NANOGPT_FILES if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, f))]
     if missing:
         sys.exit(f"error: --nanogpt={args.nanogpt} lacks {', '.join(missing)}: give a nanoGPT checkout's folder")
-    if re.search(r"--(batch_size|gradient_accumulation_steps|block_size)=", args.ours_flags):
+    try:  # as a shell splits them: --ours_flags="--compile_mode='max-autotune' --fp8=True"
+        ours_flags = shlex.split(args.ours_flags)
+    except ValueError as e:
+        sys.exit(f"error: --ours_flags={args.ours_flags!r} cannot be split into flags ({e}): balance its quotes")
+    ours = dict(flag[2:].partition("=")[::2] for flag in ours_flags)
+    if not all(flag.startswith("--") and "=" in flag for flag in ours_flags):  # a config file's settings go unseen
+        sys.exit(f"error: --ours_flags={args.ours_flags!r} takes train.py's --key=value flags alone, not a config file "
+                 "or a bare word: give each setting as a flag")
+    if {"batch_size", "gradient_accumulation_steps", "block_size"} & set(ours):
         sys.exit(f"error: --ours_flags={args.ours_flags!r} sets the batch shape, which the nanogpt step sets for both "
                  "trainers alike: leave it out")
-    if re.search(r"--compile_mode=(reduce-overhead|max-autotune)(\s|$)", args.ours_flags):
+    if ours.get("compile_mode") in ("reduce-overhead", "max-autotune"):
         micro_steps = " and ".join(str(n) for n, _ in NANO_SHAPES)
         sys.exit(f"error: --ours_flags={args.ours_flags!r} sets a compile_mode with CUDA graphs, which train.py "
                  f"refuses with more than one micro-step, and the nanogpt step's runs take {micro_steps} micro-steps: "

@@ -626,7 +626,12 @@ def test_the_gpu_suites_next_call_names_its_machine_again(tmp_path):
 
 @pytest.mark.parametrize("flags,problem", [("--batch_size=48", "sets the batch shape"),
                                            ("--compile_mode=reduce-overhead", "sets a compile_mode with CUDA graphs"),
-                                           ("--dtype=float16 --compile_mode=max-autotune", "compile_mode with CUDA graphs")])
+                                           ("--dtype=float16 --compile_mode=max-autotune", "compile_mode with CUDA graphs"),
+                                           ("--compile_mode='reduce-overhead'", "compile_mode with CUDA graphs"),
+                                           ('"--block_size=512"', "sets the batch shape"),
+                                           ("config/train_gpt2.py", "not a config file"),
+                                           ("--fp8=True --compile", "not a config file or a bare word"),
+                                           ("--dtype='bfloat16", "balance its quotes")])
 def test_the_gpu_suite_refuses_ours_flags_that_the_nanogpt_steps_runs_cannot_take(tmp_path, flags, problem):
     """Found only after nanoGPT's own runs had spent a minute and a half of the slot."""
     result = run_script(os.path.join("scripts", "gpu_suite.py"), f"--out={tmp_path / 'out'}", f"--work={tmp_path / 'work'}",
