@@ -11,8 +11,8 @@ out_file when one is named.
 """
 import os
 import sys
-import tempfile
 import time
+from contextlib import suppress
 
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
@@ -45,11 +45,18 @@ def check_out_file(path: str):
         raise UserError(f"out_file {path}: its folder does not exist: create it, or name another")
     if os.path.isdir(path):
         raise UserError(f"out_file {path} is a folder: name a .json file")
-    try:  # as write_json will, before the scoring (an hour for a large model) rather than after
-        tempfile.TemporaryFile(dir=folder).close()
+    probe = f"{path}.tmp"  # the temporary file write_json writes, before the scoring (an hour for a large model)
+    try:  # by its own name (one too long fails) and with a block of bytes (a full disk fails)
+        with open(probe, "wb") as f:
+            f.write(bytes(4096))
+            f.flush()
+            os.fsync(f.fileno())
     except OSError as e:
-        raise UserError(f"out_file {path}: cannot write in {folder} ({e.strerror or e}): name a file on a writable "
-                        "disk") from None
+        raise UserError(f"out_file {path}: cannot write it ({e.strerror or e}): name a shorter path, or a file on a "
+                        "writable disk with space") from None
+    finally:
+        with suppress(OSError):  # never made (its name too long), or under torchrun another rank's probe removed it
+            os.remove(probe)
     fix = "choose another out_file, or remove that file"
     if not replaceable_result(path, RESULT_KEYS, fix):
         raise UserError(f"out_file {path} already exists and is not an earlier result of eval.py: {fix}")
@@ -86,8 +93,15 @@ if __name__ == "__main__":
     result = score(model, examples, encode, device, autocast_context(device_type, dtype), rank, world_size, progress)
     result = {"model": source, **result, "dtype": dtype}
     if rank == 0:
+        unwritten = None
         if out_file:  # first: the result is kept whatever becomes of stdout (a closed pipe, a full disk)
-            write_json(out_file, result)
+            try:
+                write_json(out_file, result)
+            except OSError as e:  # the disk filled while scoring: the result is printed all the same
+                unwritten = e
         print(f"hellaswag of {source}: acc {result['acc']:.4f}, acc_norm {result['acc_norm']:.4f} over "
-              f"{result['items']:,} items ({time.time() - t0:.0f}s)")
+              f"{result['items']:,} items ({time.time() - t0:.0f}s)", flush=True)
+        if unwritten:
+            raise UserError(f"out_file {out_file}: cannot write it ({unwritten.strerror or unwritten}): the result is "
+                            "the line above; free space on that disk, or name another out_file next time")
     leave_distributed(world_size)

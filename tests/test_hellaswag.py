@@ -251,6 +251,32 @@ def test_items_a_character_model_cannot_encode_stop_training_before_it_starts(ch
 
 
 @pytest.mark.slow
+def test_an_out_file_that_cannot_be_written_after_the_scoring_leaves_the_result_printed_and_one_error_line(tmp_path):
+    """The disk fills while the items are scored (an hour for a large model): the result was lost in a traceback.
+    Here the write fails as a full disk's would, its temporary file's name taken by a folder once scoring is under
+    way (10,000 items: 8 s here, so the first progress line comes long before the end)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    data, ckpt, out = str(tmp_path / "h.jsonl"), str(tmp_path / "unigram.pt"), str(tmp_path / "result.json")
+    write_jsonl(data, ITEMS * 2500)
+    save_unigram_checkpoint(ckpt)
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "eval.py"), f"--init_from={ckpt}", f"--hellaswag={data}",
+                             "--device=cpu", f"--out_file={out}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=str(tmp_path), env={**os.environ, "OMP_NUM_THREADS": "1"})
+    first = proc.stdout.readline()
+    assert first.startswith("hellaswag 1,000/10,000 items"), first + proc.communicate(timeout=120)[1]
+    os.makedirs(out + ".tmp")
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and not os.path.exists(out)
+    answer = hand_answer(ITEMS)
+    assert f"acc_norm {answer['acc_norm']:.4f} over 10,000 items" in stdout
+    assert stderr == (f"error: out_file {out}: cannot write it (Is a directory): the result is the line above; free "
+                      "space on that disk, or name another out_file next time\n")
+
+
+@pytest.mark.slow
 def test_eval_py_piped_into_a_reader_that_stops_keeps_its_result_and_ends_quietly(tmp_path):
     """`eval.py ... | head -1`: the pipe closes after the first line, and the next print fails (EPIPE). The
     result file is written before the result line, and the broken pipe ends the script without a traceback. (A

@@ -492,7 +492,13 @@ CASES = [
          r"out_file .*r.json is a folder: name a .json file", setup=lambda tmp, run, data: os.makedirs(os.path.join(tmp, "r.json"))),
     Case("eval out_file where nothing can be written", "eval.py", ["--out_dir={run}", "--device=cpu",
                                                                    "--out_file=/proc/result.json"],
-         r"out_file /proc/result.json: cannot write in /proc \(.*\): name a file on a writable disk$"),
+         r"out_file /proc/result.json: cannot write it \(.*\): name a shorter path, or a file on a writable disk with "
+         r"space$"),
+    Case("eval out_file of a name too long", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={tmp}/" + "r" * 300 + ".json"],
+         r"out_file .*rrr.json: cannot write it \(File name too long\): name a shorter path"),
+    Case("eval out_file on a full disk", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={tmp}/full.json"],
+         r"out_file .*full.json: cannot write it \(No space left on device\)",  # the file that write_json writes first
+         setup=lambda tmp, run, data: os.symlink("/dev/full", os.path.join(tmp, "full.json.tmp"))),
     Case("eval out_file over a run's summary", "eval.py", ["--out_dir={run}", "--device=cpu", "--out_file={run}/summary.json"],
          r"out_file .*summary.json already exists and is not an earlier result of eval.py: choose another out_file"),
     Case("export under a link to nothing", "export.py", ["--out_dir={run}", "--to={tmp}/gone/hf"],
