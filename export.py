@@ -7,12 +7,15 @@ transformers, lm-evaluation-harness and vLLM load as they are:
 
 GPT-2-shaped models become GPT2LMHeadModel, LLaMA-shaped ones (rope, rmsnorm, swiglu; GQA and untied
 embeddings allowed) LlamaForCausalLM; other combinations have no transformers class and are refused. The
-folder is written beside `to` and renamed into place, so a failed export leaves no half-written folder.
+folder is written beside `to` and renamed into place, so a failed export (a full disk, a Ctrl-C, a SIGTERM)
+leaves no half-written folder.
 An empty folder is written into; --overwrite=True replaces only an earlier export (a folder of config.json,
 weights and tokenizer files, and nothing else), so a slip of --to never deletes a run, nor an eval.py result
 saved beside an export.
 """
 import os
+import shutil
+import signal
 import sys
 import tempfile
 
@@ -42,8 +45,17 @@ def check_target(folder: str, overwrite: bool):
                         "make that folder, or choose another --to")
     if not os.path.isdir(parent):
         raise UserError(f"--to={folder} lies under {parent}, which is a file: choose a folder path")
+    if os.path.ismount(folder):  # moved aside as a whole, then replaced: a mount point cannot be
+        raise UserError(f"--to={folder} is a mount point, which an export, renamed into place, cannot replace: give a "
+                        f"folder in it, such as --to={os.path.join(folder, 'hf')}")
+    name_max = os.pathconf(parent, "PC_NAME_MAX")  # the folders still to make, each a name that must fit
+    long = [n for n in os.path.relpath(os.path.abspath(folder), parent).split(os.sep) if len(os.fsencode(n)) > name_max]
+    if long:
+        raise UserError(f"--to={folder}: the name {long[0][:40]}... is longer than the {name_max} bytes a name may "
+                        f"have in {parent}: choose a shorter --to")
     try:  # a folder that cannot be written in (read-only, /proc) fails now, not after the model is converted
-        tempfile.TemporaryDirectory(dir=parent, prefix=".export-").cleanup()
+        with signals_deferred():  # a stop in between would leave the folder behind
+            tempfile.TemporaryDirectory(dir=parent, prefix=".export-").cleanup()
     except OSError as e:
         raise UserError(f"--to={folder}: cannot write in {parent} ({e.strerror}): choose a --to on a writable disk")
     if not os.path.lexists(folder):
@@ -54,8 +66,8 @@ def check_target(folder: str, overwrite: bool):
     if here == target or here.startswith(target + os.sep):
         raise UserError(f"--to={folder} is the working folder or holds it: choose another --to")
     names = os.listdir(folder)
-    if not names and not os.path.ismount(folder):  # made ahead (mkdir) for the export, nothing in it to lose:
-        return  # replaced as a whole, which a mount point cannot be (a link was followed: see target_folder)
+    if not names:  # made ahead (mkdir) for the export, nothing in it to lose: replaced as a whole
+        return
     # a file of another tool's beside an export (eval.py's results, notes) would go with it: only what a transformers
     # folder holds by name is replaced
     others = [n for n in names if not (os.path.isfile(os.path.join(folder, n)) and FOLDER_FILES.fullmatch(n))]
@@ -79,13 +91,30 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
     folder = target_folder(folder)
     check_target(folder, overwrite)
     hf_model = to_transformers(model, vocab).to(getattr(torch, dtype))
+    from safetensors import SafetensorError  # save_pretrained's, for a failed write of the weights
+    try:
+        files, tokenizer = stage_and_replace(hf_model, vocab, model.config.vocab_size, folder)
+    except (OSError, SafetensorError) as e:  # a full disk, a quota: the temporary folder has gone with the error
+        raise UserError(f"--to={folder}: cannot write the export ({getattr(e, 'strerror', None) or e}): free space "
+                        f"on that disk or choose another --to; {folder} is as it was") from None
+    params = sum(p.numel() for p in model.parameters())
+    return (f"wrote {folder}: {type(hf_model).__name__} ({params / 1e6:.2f}M parameters, {dtype}) and {tokenizer}; "
+            f"files {', '.join(files)}")
+
+
+def stage_and_replace(hf_model, vocab: dict | None, vocab_size: int, folder: str) -> tuple[list[str], str]:
+    """Write the transformers model and its tokenizer to a temporary folder beside folder, then put it in place of
+    folder; returns the files written and what the tokenizer is."""
     parent = os.path.dirname(os.path.abspath(folder))
     os.makedirs(parent, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=parent, prefix=".export-") as tmp:
+    tmp = None
+    try:  # a stop (Ctrl-C, SIGTERM) as tmp is made, or as it is removed, waits: either would leave it behind
+        with signals_deferred():
+            tmp = tempfile.mkdtemp(dir=parent, prefix=".export-")
         staged = os.path.join(tmp, "model")
         with no_progress_bars():  # the last line says what was written
             hf_model.save_pretrained(staged)
-        tokenizer = write_tokenizer(vocab, model.config.vocab_size, staged)
+        tokenizer = write_tokenizer(vocab, vocab_size, staged)
         files = sorted(os.listdir(staged))
         # transformers writes the weights through a private temporary file (0600): each file takes the permissions
         # the umask gives a new file (the folder's, which save_pretrained made, less execute), for a folder to share
@@ -101,13 +130,23 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
                 if os.path.exists(os.path.join(tmp, "old")):
                     os.replace(os.path.join(tmp, "old"), folder)
                 raise
-    params = sum(p.numel() for p in model.parameters())
-    return (f"wrote {folder}: {type(hf_model).__name__} ({params / 1e6:.2f}M parameters, {dtype}) and {tokenizer}; "
-            f"files {', '.join(files)}")
+    finally:
+        if tmp is not None:
+            with signals_deferred():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return files, tokenizer
+
+
+def stopped(signum, frame):
+    """A SIGTERM (a job's time limit, `timeout`) unwinds as a Ctrl-C does, so the temporary folder goes with it."""
+    print(f"stopped by {signal.Signals(signum).name}: --to holds what it held before, or the new export whole if the "
+          "stop came as it was put in place", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":
     start_script()
+    signal.signal(signal.SIGTERM, stopped)
     config = configurator.configure(config_defaults, sys.argv[1:], __file__)
     globals().update(config)
     check_init_from(init_from, ("resume",), checkpoint)

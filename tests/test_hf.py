@@ -1,12 +1,15 @@
 """The transformers format both ways (hf.py, export.py), and the ways in: transformers folders and nanoGPT
 checkpoints as init_from, nanoGPT checkpoints sampled directly."""
+import glob
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -201,6 +204,61 @@ def test_a_ctrl_c_while_an_export_replaces_another_waits_for_the_new_one_to_be_i
         theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()(idx).logits
     assert (logits_of(second, idx) - theirs).abs().max() < 1e-5  # the new export, whole
     assert not any(n.startswith(".export-") for n in os.listdir(tmp_path))
+
+
+def export_script(ckpt: str, to: str, *flags: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "export.py"), f"--init_from={ckpt}", f"--to={to}",
+                             *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def save_checkpoint_of(model: GPT, path: str):
+    """model as a checkpoint that export.py reads with --init_from=PATH: a character model where it has fewer ids
+    than GPT-2's, else GPT-2's BPE."""
+    n = model.config.vocab_size
+    chars = "".join(chr(0x100 + i) for i in range(n)) if n < 50257 else None
+    torch.save({"model": model.state_dict(), "model_args": vars(model.config),
+                "vocabulary": {"tokenizer": "char" if chars else None, "chars": chars}}, path)
+
+
+def test_an_export_that_finds_the_disk_full_is_one_error_line_and_leaves_the_earlier_export(tmp_path):
+    """A file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) fails the weights' write as a full disk would: that was a
+    safetensors traceback."""
+    import resource
+    import signal
+    ckpt, folder = str(tmp_path / "ckpt.pt"), tmp_path / "hf"
+    save_checkpoint_of(random_model(), ckpt)
+    assert export_script(ckpt, str(folder)).wait(timeout=120) == 0
+    before = (folder / "model.safetensors").read_bytes()
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # the weights take 0.4 MB
+    proc = export_script(ckpt, str(folder), "--overwrite=True", preexec_fn=small_files)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and stderr.startswith(f"error: --to={folder}: cannot write the export ("), stderr
+    assert stderr.endswith(f"free space on that disk or choose another --to; {folder} is as it was\n") and \
+        len(stderr.splitlines()) == 1, stderr
+    assert (folder / "model.safetensors").read_bytes() == before
+    assert not any(n.startswith(".export-") for n in os.listdir(tmp_path))
+
+
+def test_a_sigterm_during_an_export_leaves_no_half_written_folder(tmp_path):
+    """A job's time limit, or `timeout`: the default SIGTERM ended the process where it was, leaving the staging
+    folder (.export-*, with part of the weights) beside --to for good. The weights here take 160 MB, written once the
+    staging folder's model/ appears; a stop after the export was in place (a slow machine) leaves it whole."""
+    ckpt, folder = str(tmp_path / "ckpt.pt"), tmp_path / "hf"
+    torch.manual_seed(0)
+    save_checkpoint_of(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=768, block_size=32, vocab_size=50304)), ckpt)
+    proc = export_script(ckpt, str(folder))
+    while proc.poll() is None and not glob.glob(str(tmp_path / ".export-*" / "model")):  # the weights' folder
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert not any(n.startswith(".export-") for n in os.listdir(tmp_path))
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr == ("stopped by SIGTERM: --to holds what it held before, or the new export whole if the stop came "
+                      "as it was put in place\n")
+    assert not folder.exists() or transformers.AutoConfig.from_pretrained(str(folder)).n_embd == 768
 
 
 def test_unknown_names_are_refused():

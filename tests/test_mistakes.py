@@ -509,6 +509,11 @@ CASES = [
     Case("export under a file", "export.py", ["--out_dir={run}", "--to={run}/ckpt.pt/hf"], r"lies under .*ckpt.pt, which is a file"),
     Case("export where nothing can be written", "export.py", ["--out_dir={run}", "--to=/proc/hf"],
          r"--to=/proc/hf: cannot write in /proc \(.*\): choose a --to on a writable disk"),
+    Case("export to a mount point", "export.py", ["--out_dir={run}", "--to=/proc", "--overwrite=True"],
+         r"--to=/proc is a mount point, which an export, renamed into place, cannot replace: give a folder in it, "
+         r"such as --to=/proc/hf$"),  # before, an empty one was said to lack config.json, a full one failed at the end
+    Case("export of a name too long", "export.py", ["--out_dir={run}", "--to={tmp}/" + "h" * 300 + "/hf"],
+         r"the name h{40}\.\.\. is longer than the 255 bytes a name may have in .*: choose a shorter --to$"),
     # ---- plot.py
     Case("plot missing", "plot.py", ["{tmp}"], r"metrics.csv not found: give the out_dir of a run"),
     Case("plot empty", "plot.py", ["{tmp}"], r"metrics.csv is empty or has no header",
