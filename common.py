@@ -1,5 +1,6 @@
 """
-The ground floor that every script stands on: the user-error type and the scripts' error hook, device and
+The ground floor that every script stands on: the user-error type, the scripts' start (their error hook, and
+output that any terminal can show) and their flag parser's one-line errors, device and
 dtype resolution, the autocast context, joining torchrun's process group and the ranks' agreement on a stop, the
 compile check, peak FLOP/s by GPU, and the durable atomic write that the files the project replaces whole go
 through (metrics.csv and samples.txt are appended to; a dataset's token files, written in place as .tmp files, are
@@ -7,6 +8,7 @@ renamed in by dataset.write_meta). It imports nothing from the project, and torc
 the device and process-group helpers: data preparation and its worker processes use this module without loading
 torch.
 """
+import argparse
 import errno
 import importlib.util
 import io
@@ -25,6 +27,17 @@ from contextlib import contextmanager, nullcontext
 
 class UserError(ValueError):
     """Bad input from the user. Scripts print its message on one line and exit non-zero (see excepthook)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's, for the scripts that take flags of their own (plot.py, the prepare scripts): a bad flag is one
+    error line, as a bad setting is elsewhere, where argparse printed its usage and then 'prog: error: ...'."""
+
+    def __init__(self, doc: str):  # the script's docstring as its --help, laid out as written
+        super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(self, message):
+        self.exit(2, f"error: {message}: see {sys.argv[0]} --help\n")  # as run: data/shakespeare/prepare.py
 
 
 def start_script():

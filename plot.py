@@ -7,13 +7,12 @@ Plots runs from their out_dir/metrics.csv, overlaid, into one figure (PNG, or PD
 Panels: train and val loss against tokens, learning rate, gradient norm, tokens/s and MFU (when known).
 Needs matplotlib (pip install matplotlib).
 """
-import argparse
 import math
 import os
 import sys
 
 import metrics
-from common import UserError, atomic_write, plural, start_script
+from common import ArgumentParser, UserError, atomic_write, plural, start_script
 
 
 def read_metrics(out_dir: str) -> dict[str, list[tuple[float, float]]]:
@@ -142,7 +141,7 @@ def plot_runs(out_dirs: list[str], out_path: str, smoothing: float = 0.9, logx: 
 
 if __name__ == "__main__":
     start_script()  # as the other scripts: a reader gone (`| head`) ends it quietly
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(__doc__)
     parser.add_argument("out_dirs", nargs="+", help="run folders holding metrics.csv (or their metrics.csv files)")
     parser.add_argument("--out", help="PNG to write (default: plot.png in the first run's folder)")
     parser.add_argument("--smooth", type=float, default=0.9,
@@ -157,6 +156,9 @@ if __name__ == "__main__":
     if not out_path.endswith((".png", ".pdf", ".svg")):
         sys.exit(f"error: --out {out_path} does not end in .png, .pdf or .svg: name an image file (this also keeps "
                  "a run's other files from being overwritten)")
+    if os.path.basename(out_path) in (".png", ".pdf", ".svg"):  # --out=out/$NAME.png, with NAME unset
+        sys.exit(f"error: --out {out_path} has no name before its {os.path.basename(out_path)}: name the image, such "
+                 f"as --out={os.path.join(os.path.dirname(out_path), 'plot.png')}")
     try:
         note = plot_runs(args.out_dirs, out_path, args.smooth, args.logx)
     except (UserError, ImportError) as e:

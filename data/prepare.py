@@ -22,7 +22,6 @@ so is one into a folder that holds a dataset already, unless --overwrite.
 Files are read as they are tokenized, through worker processes, so memory stays bounded whatever the
 corpus or file size.
 """
-import argparse
 import codecs
 import collections
 import contextlib
@@ -42,7 +41,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # for the project's modules (common, dataset, tokenizer) when run as a script
-from common import NO_LOCKS, UserError, plural, signals_deferred, start_script  # noqa: E402
+from common import NO_LOCKS, ArgumentParser, UserError, plural, signals_deferred, start_script  # noqa: E402
 from dataset import dataset_files_in, read_meta, run_files_in, staged_meta_pkl, token_file_split, write_meta  # noqa: E402
 from tokenizer import EOT, encoding_from_bytes, gpt2_encoding, rank_file_bytes  # noqa: E402
 
@@ -787,7 +786,7 @@ def alphabet(documents: Iterable[str]) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(__doc__)
     parser.add_argument("--input", nargs="+", required=True, help="files, folders or globs of .txt/.jsonl/.parquet")
     parser.add_argument("--out_dir", required=True, help="dataset folder to write (give it as --dataset to train.py)")
     parser.add_argument("--tokenizer", default="gpt2", choices=["gpt2", "char"],

@@ -10,7 +10,6 @@ as characters, prepared here with data/shakespeare_char/prepare.py. A step's tim
 steps past the first 10 (nanoGPT prints each step's time; ours writes it to metrics.csv); evaluation is
 left out of both (ours leaves it out of its step times; nanoGPT's median is not moved by its few eval steps).
 """
-import argparse
 import os
 import shlex
 import shutil
@@ -22,6 +21,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import metrics  # noqa: E402
+from common import ArgumentParser  # noqa: E402
 
 README_CPU_FLAGS = ("--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 "
                     "--n_layer=4 --n_head=4 --n_embd=128 --lr_decay_iters=2000 --dropout=0.0 --wandb_log=False")
@@ -35,7 +35,7 @@ def run(cmd: list[str], cwd: str) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(__doc__)
     parser.add_argument("--nanogpt", required=True, help="a nanoGPT checkout (train.py, model.py, configurator.py, config/)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each trainer, alternating")
     parser.add_argument("--iters", type=int, default=300, help="steps per run")

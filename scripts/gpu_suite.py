@@ -18,7 +18,6 @@ is cut off still brings back what it did. Runs and data go to a scratch folder, 
 command runs a reduced version on the CPU (tiny models, few steps), so the test suite exercises it and it
 never rots between GPU slots.
 """
-import argparse
 import os
 import re
 import shlex
@@ -31,6 +30,7 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from common import ArgumentParser  # noqa: E402
 from metrics import median_step_ms, nanogpt_median_step_ms  # noqa: E402  (the repository's own modules, from its root)
 from report import read_summary  # noqa: E402
 # Seconds each step takes on one H100 (an H200 computes as fast): guesses from the 2026-11-22 run of the first
@@ -577,7 +577,7 @@ def next_call(args, parser, steps: list[str]) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(__doc__)
     parser.add_argument("--out", required=True, help="folder for table.md and logs.tar.gz")
     parser.add_argument("--work", default="/tmp/gpu_suite", help="scratch folder for runs, data and logs")
     parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps among {','.join(STEPS)}")

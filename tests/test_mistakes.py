@@ -526,6 +526,12 @@ CASES = [
              os.path.join(tmp, "other", "metrics.csv"), "iter,tokens,loss\n1,,4.1\n"))),
     Case("plot over a checkpoint", "plot.py", ["{run}", "--out={run}/ckpt.pt"], r"--out .*ckpt.pt does not end in .png"),
     Case("plot smooth", "plot.py", ["{run}", "--smooth=1.5"], r"--smooth 1.5 is not in \[0, 1\)"),
+    Case("plot of a nameless image", "plot.py", ["{run}", "--out={run}/.png"],
+         r"--out .*run/.png has no name before its .png: name the image, such as --out=.*run/plot.png$"),
+    Case("plot smooth not a number", "plot.py", ["{run}", "--smooth=abc"],
+         r"^error: argument --smooth: invalid float value: 'abc': see .*plot.py --help$"),  # argparse's, in one line
+    Case("prepare flag unknown", "data/prepare.py", ["--input", "{tmp}/a.txt", "--out_dir", "{tmp}/d", "--shards=2"],
+         r"^error: unrecognized arguments: --shards=2: see .*data/prepare.py --help$"),
     Case("plot torn last row", "plot.py", ["{run}"], None, setup=torn_row, may_create={"plot.png"}),
     # ---- data/prepare.py and data/shakespeare_char/prepare.py, into the prepared dataset's folder (with
     # --overwrite, to reach the failures past their refusal to replace it)

@@ -10,12 +10,12 @@ data/prepare.py, the same streaming writer as any other corpus: 0.05% of the doc
 chosen by a hash of their text. `datasets` 4 dropped loading scripts, which the original openwebtext
 repository used, so the Hub's parquet conversion of it is read when the plain load is refused.
 """
-import argparse
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
+from common import ArgumentParser  # noqa: E402
 from data.prepare import PrepareError, prepare_corpus, refuse_to_replace, run_cli  # noqa: E402
 
 REPO = "Skylion007/openwebtext"
@@ -44,7 +44,7 @@ def openwebtext_texts(load_dataset, workers: int | None):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(__doc__)
     parser.add_argument("--out_dir", default=HERE, help="where to write the token files and meta.json")
     parser.add_argument("--workers", type=int, default=os.cpu_count() // 2 or 1, help="download and tokenizer processes")
     parser.add_argument("--shard_tokens", type=int, default=0, help="tokens per shard file; 0 writes one file per split")

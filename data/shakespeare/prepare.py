@@ -10,7 +10,6 @@ encoding from tokenizer.py, which also works offline (see --gpt2_tiktoken there)
 A dataset already in --out_dir is replaced only with --overwrite, except in this folder (see
 data/shakespeare_char/prepare.py).
 """
-import argparse
 import os
 import sys
 
@@ -19,7 +18,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
 from data.prepare import refuse_to_replace, run_cli, write_dataset  # noqa: E402
-from common import UserError  # noqa: E402
+from common import ArgumentParser, UserError  # noqa: E402
 from data.tinyshakespeare import CHAR_DIR, describe_text, load_text  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
@@ -42,7 +41,7 @@ def prepare(text: str, out_dir: str, rank_file: str | None = None, source: str =
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(__doc__)
     parser.add_argument("--input", help="a text file to use instead of tiny Shakespeare")
     parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.json")
     parser.add_argument("--gpt2_tiktoken", help="GPT-2's rank file (gpt2.tiktoken), for machines without network")
