@@ -189,6 +189,22 @@ def free_bytes(device: str, processes: int = 1) -> int | None:
     return None
 
 
+def check_host_fits(config: GPTConfig, processes: int = 1):
+    """A UserError when the fp32 weights of a GPT of this config exceed the host's available memory (where that is
+    known) shared among the node's `processes`: each builds its model there before moving it to its device, so
+    such a model failed in torch's allocator with a traceback, before the plan (which then checks the rest)."""
+    free = free_bytes("cpu", processes)
+    if free is None:
+        return
+    with torch.device("meta"):  # shapes only: no memory, and the RNG streams untouched
+        n_params = sum(p.numel() for p in GPT(config).parameters())
+    if 4 * n_params > free:
+        share = " per process of this node" if processes > 1 else ""
+        raise UserError(f"the model's weights take {4 * n_params / GIB:.2f} GiB in fp32 ({n_params / 1e9:.2f}B "
+                        f"parameters), built in host memory before they move to the device, but the host has "
+                        f"{free / GIB:.2f} GiB available{share}: choose a smaller model (n_layer, n_embd, mlp_hidden)")
+
+
 def breakdown(parts: dict) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v / GIB:.2f}" for k, v in parts.items() if k != "total" and v) + " GiB"
 

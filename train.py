@@ -46,7 +46,7 @@ from dataset import (Prefetcher, check_block_size, data_change, dataset_files_in
 from fp8 import check_fp8, use_fp8
 from hellaswag import check_encodable, find_data, read_examples, score
 from hf import has_weights
-from memory import check_fits, describe, free_bytes, largest_batch, no_auto_batch, plan
+from memory import check_fits, check_host_fits, describe, free_bytes, largest_batch, no_auto_batch, plan
 from model import GPT, GPTConfig
 from optimizers import build_optimizer, nonfinite_flag, skips_on_device, take_step
 from report import Reporter, check_eval_file, check_wandb, foreign_config, fork_run_id
@@ -576,11 +576,11 @@ if __name__ == "__main__":
     model_args = dict(vocab_size=model_vocab_size(data["vocab_size"], data["vocabulary"]),  # GPT-2's 50257: 50304
                       dropout=dropout, loss_chunk=loss_chunk, activation_checkpointing=activation_checkpointing,
                       **{k: config[k] for k in (*SHAPE_KEYS, *ARCH_KEYS) if k != "vocab_size"})
-    if init_from == "scratch":
-        model = GPT(GPTConfig(**model_args))
-    elif init_from == "resume":
+    if init_from == "resume":
         model_args["vocab_size"] = checkpoint["model_args"]["vocab_size"]  # the rest of its shape is in config now
-        model = GPT(GPTConfig(**model_args))  # its state is restored with the optimizer's, below
+    if init_from in ("scratch", "resume"):
+        check_host_fits(GPTConfig(**model_args), node_processes)
+        model = GPT(GPTConfig(**model_args))  # a resume's state is restored with the optimizer's, below
     else:  # weights to start from: GPT-2 by name, a transformers folder, or a checkpoint file (ours or nanoGPT's)
         model, start_vocabulary, start_optimizer = load_pretrained(init_from, dropout)
         data["vocabulary"] = check_vocabulary(start_vocabulary, data["vocabulary"], dataset, init_from, resuming=False)

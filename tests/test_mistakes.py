@@ -444,6 +444,10 @@ CASES = [
          runner=after("sys.modules['wandb'] = None")),
     Case("gpt2 offline", "train.py", [*TRAIN, "--init_from=gpt2"], r"could not load 'gpt2' \(.*\): without network access, save the model .* and pass that folder",
          env={"HF_HUB_OFFLINE": "1", "HF_HOME": "{tmp}/hf"}),
+    Case("model too big for the host", "train.py", ["--dataset={data}", "--out_dir={tmp}/big", "--device=cpu", "--compile=False",
+                                                    "--n_layer=1", "--n_head=1", "--n_embd=262144", "--block_size=32", "--dry_run=True"],
+         r"the model's weights take \d+\.\d\d GiB in fp32 \(824\.\d\dB parameters\), built in host memory before they move "
+         r"to the device, but the host has \d+\.\d\d GiB available: choose a smaller model"),  # was torch's traceback
     # ---- sample.py
     Case("sample given train.py's config", "sample.py", [os.path.join(ROOT, "config", "train_shakespeare_char.py")],
          r"config file '.*train_shakespeare_char.py' sets \d+ settings this script does not have \(eval_interval, .*"
