@@ -651,7 +651,8 @@ def test_a_run_file_that_cannot_be_written_is_one_error_line_that_offers_a_resum
     with pytest.raises(UserError) as refused:
         step()
     assert str(refused.value) == told + " with --init_from=resume (it continues from the last checkpoint)"
-    result = {"init_from": "resume", "iter": 4, "train_loss": 2.0, "val_loss": 2.1}
+    result = {"init_from": "resume", "checkpoint": "ckpt.pt", "iter": 4, "dataset": "d", "eval_iters": 1,
+              "batch_size": 1, "block_size": 8, "train_loss": 2.0, "val_loss": 2.1}
     with pytest.raises(UserError, match=r"cannot write .*eval.json.tmp \(Is a directory\): .*then run again$"):
         reporter.eval_only(result)
     # a resume cuts samples.txt back to its step: a full disk there (no file name in the error) names that file
