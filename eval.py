@@ -11,8 +11,8 @@ out_file when one is named.
 """
 import os
 import sys
+import tempfile
 import time
-from contextlib import suppress
 
 import configurator
 from checkpoint import check_init_from, checkpoint_file, load_trained
@@ -45,21 +45,28 @@ def check_out_file(path: str):
         raise UserError(f"out_file {path}: its folder does not exist: create it, or name another")
     if os.path.isdir(path):
         raise UserError(f"out_file {path} is a folder: name a .json file")
-    probe = f"{path}.tmp"  # the temporary file write_json writes, before the scoring (an hour for a large model)
-    try:  # by its own name (one too long fails) and with a block of bytes (a full disk fails)
-        with open(probe, "wb") as f:
+    fix = "choose another out_file, or remove that file"
+    if not replaceable_result(path, RESULT_KEYS, fix):
+        raise UserError(f"out_file {path} already exists and is not an earlier result of eval.py: {fix}")
+    # before the scoring (an hour for a large model): the name of write_json's temporary file must fit, and a file
+    # of a block of bytes (a name of its own, as every rank probes) must be written there, which a full disk fails
+    name_max = os.pathconf(folder, "PC_NAME_MAX")
+    if len(os.fsencode(os.path.basename(path) + ".tmp")) > name_max:
+        raise UserError(f"out_file {path}: its name is longer than the {name_max - 4} bytes a name may have there: "
+                        "name a shorter file")
+    probe = None
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".eval-probe-")
+        with open(fd, "wb") as f:
             f.write(bytes(4096))
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise UserError(f"out_file {path}: cannot write it ({e.strerror or e}): name a shorter path, or a file on a "
-                        "writable disk with space") from None
+        raise UserError(f"out_file {path}: cannot write in {folder} ({e.strerror or e}): name a file on a writable "
+                        "disk with space") from None
     finally:
-        with suppress(OSError):  # never made (its name too long), or under torchrun another rank's probe removed it
+        if probe is not None:
             os.remove(probe)
-    fix = "choose another out_file, or remove that file"
-    if not replaceable_result(path, RESULT_KEYS, fix):
-        raise UserError(f"out_file {path} already exists and is not an earlier result of eval.py: {fix}")
 
 
 if __name__ == "__main__":
@@ -92,8 +99,8 @@ if __name__ == "__main__":
 
     result = score(model, examples, encode, device, autocast_context(device_type, dtype), rank, world_size, progress)
     result = {"model": source, **result, "dtype": dtype}
+    unwritten = None
     if rank == 0:
-        unwritten = None
         if out_file:  # first: the result is kept whatever becomes of stdout (a closed pipe, a full disk)
             try:
                 write_json(out_file, result)
@@ -101,7 +108,7 @@ if __name__ == "__main__":
                 unwritten = e
         print(f"hellaswag of {source}: acc {result['acc']:.4f}, acc_norm {result['acc_norm']:.4f} over "
               f"{result['items']:,} items ({time.time() - t0:.0f}s)", flush=True)
-        if unwritten:
-            raise UserError(f"out_file {out_file}: cannot write it ({unwritten.strerror or unwritten}): the result is "
-                            "the line above; free space on that disk, or name another out_file next time")
-    leave_distributed(world_size)
+    leave_distributed(world_size)  # every rank, before rank 0's error: under torchrun the others wait to leave
+    if rank == 0 and unwritten:
+        raise UserError(f"out_file {out_file}: cannot write it ({unwritten.strerror or unwritten}): the result is "
+                        "the line above; free space on that disk, or name another out_file next time")
