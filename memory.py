@@ -182,27 +182,38 @@ def free_bytes(device: str, processes: int = 1) -> int | None:
     divided among the `processes` of this node that share it; None where it cannot be known."""
     if torch.device(device).type == "cuda":
         return torch.cuda.mem_get_info(torch.device(device))[0]
-    if torch.device(device).type == "cpu" and os.path.exists("/proc/meminfo"):
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024 // processes
+    host = host_memory()
+    if torch.device(device).type == "cpu" and host is not None:
+        return host["MemAvailable"] // processes
     return None
 
 
-def check_host_fits(config: GPTConfig, processes: int = 1):
-    """A UserError when the fp32 weights of a GPT of this config exceed the host's available memory (where that is
-    known) shared among the node's `processes`: each builds its model there before moving it to its device, so
-    such a model failed in torch's allocator with a traceback, before the plan (which then checks the rest)."""
-    free = free_bytes("cpu", processes)
-    if free is None:
+def host_memory() -> dict[str, int] | None:
+    """/proc/meminfo's fields in bytes (MemAvailable, SwapFree, ...); None off Linux."""
+    if not os.path.exists("/proc/meminfo"):
+        return None
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {k: int(v.split()[0]) * (1024 if v.strip().endswith("kB") else 1) for k, v in fields.items()}
+
+
+def check_host_fits(config: GPTConfig):
+    """A UserError when the fp32 weights of a GPT of this config exceed the host's available memory and free swap
+    together (Linux; elsewhere nothing is checked): the model is built there before it moves to its device, so such
+    a model failed in torch's allocator with a traceback, before the plan (which then checks the rest). One copy
+    against the whole host, so that every process of a node, reading it at its own moment while the others build
+    theirs, comes to the same answer, and a run whose models only pass through swap on their way is not refused."""
+    host = host_memory()
+    if host is None:
         return
+    free = host["MemAvailable"] + host.get("SwapFree", 0)
     with torch.device("meta"):  # shapes only: no memory, and the RNG streams untouched
         n_params = sum(p.numel() for p in GPT(config).parameters())
     if 4 * n_params > free:
-        share = " per process of this node" if processes > 1 else ""
         raise UserError(f"the model's weights take {4 * n_params / GIB:.2f} GiB in fp32 ({n_params / 1e9:.2f}B "
                         f"parameters), built in host memory before they move to the device, but the host has "
-                        f"{free / GIB:.2f} GiB available{share}: choose a smaller model (n_layer, n_embd, mlp_hidden)")
+                        f"{free / GIB:.2f} GiB available (memory and swap): choose a smaller model (n_layer, n_embd, "
+                        "mlp_hidden)")
 
 
 def breakdown(parts: dict) -> str:

@@ -579,7 +579,7 @@ if __name__ == "__main__":
     if init_from == "resume":
         model_args["vocab_size"] = checkpoint["model_args"]["vocab_size"]  # the rest of its shape is in config now
     if init_from in ("scratch", "resume"):
-        check_host_fits(GPTConfig(**model_args), node_processes)
+        check_host_fits(GPTConfig(**model_args))
         model = GPT(GPTConfig(**model_args))  # a resume's state is restored with the optimizer's, below
     else:  # weights to start from: GPT-2 by name, a transformers folder, or a checkpoint file (ours or nanoGPT's)
         model, start_vocabulary, start_optimizer = load_pretrained(init_from, dropout)
