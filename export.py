@@ -92,9 +92,14 @@ def export(model, vocab: dict | None, folder: str, dtype: str, overwrite: bool) 
     check_target(folder, overwrite)
     hf_model = to_transformers(model, vocab).to(getattr(torch, dtype))
     from safetensors import SafetensorError  # save_pretrained's, for a failed write of the weights
+    parent = os.path.dirname(os.path.abspath(folder))
     try:
         files, tokenizer = stage_and_replace(hf_model, vocab, model.config.vocab_size, folder)
     except (OSError, SafetensorError) as e:  # a full disk, a quota: the temporary folder has gone with the error
+        written = isinstance(e, SafetensorError) and "I/O error" in str(e) or isinstance(e, OSError) and (
+            e.filename is None or os.path.commonpath([parent, os.path.abspath(e.filename)]) == parent)
+        if not written:  # another file's (a rank file the tokenizer reads), or a bug: as it is
+            raise
         raise UserError(f"--to={folder}: cannot write the export ({getattr(e, 'strerror', None) or e}): free space "
                         f"on that disk or choose another --to; {folder} is as it was") from None
     params = sum(p.numel() for p in model.parameters())
@@ -131,9 +136,14 @@ def stage_and_replace(hf_model, vocab: dict | None, vocab_size: int, folder: str
                     os.replace(os.path.join(tmp, "old"), folder)
                 raise
     finally:
+        if tmp is not None and os.path.exists(os.path.join(tmp, "old")) and not os.path.exists(folder):
+            raise UserError(f"--to={folder}: the new export could not be renamed into place, nor the earlier one "
+                            f"back: it is in {os.path.join(tmp, 'old')}; move it back by hand")
         if tmp is not None:
             with signals_deferred():
                 shutil.rmtree(tmp, ignore_errors=True)
+            if os.path.exists(tmp):
+                print(f"warning: could not remove the staging folder {tmp}: remove it by hand", file=sys.stderr)
     return files, tokenizer
 
 
