@@ -296,7 +296,8 @@ class Reporter:
     def eval_only(self, result: dict):
         """The result of an eval_only run: printed, and written to eval.json, the one file such a run writes."""
         if set(result) != EVAL_ONLY_KEYS - {"time"}:  # this file format's keys, the time added here
-            raise ValueError(f"the evaluation's keys differ from EVAL_ONLY_KEYS in {sorted(set(result) ^ EVAL_ONLY_KEYS)}")
+            raise ValueError("the evaluation's keys differ from EVAL_ONLY_KEYS in "
+                             f"{sorted(set(result) ^ (EVAL_ONLY_KEYS - {'time'}))}")
         if not self.active:
             return
         path = os.path.join(self.out_dir, "eval.json")

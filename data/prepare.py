@@ -535,7 +535,6 @@ def run_cli(job, out_dir: str):
     shutdown can hang on a task half written to workers that are gone (SIGTERM to the process group). The
     handler then removes the .tmp files and a folder this prepare made, kills the workers and exits at once.
     While a finished dataset is put in place, the signal waits (dataset.write_meta)."""
-    start_script()  # a path or a note with a character the terminal's encoding lacks: escaped, not a traceback
     existed = os.path.lexists(out_dir)
     run_files = run_files_in(out_dir)
     if run_files:
@@ -786,6 +785,7 @@ def alphabet(documents: Iterable[str]) -> str:
 
 
 if __name__ == "__main__":
+    start_script()
     parser = ArgumentParser(__doc__)
     parser.add_argument("--input", nargs="+", required=True, help="files, folders or globs of .txt/.jsonl/.parquet")
     parser.add_argument("--out_dir", required=True, help="dataset folder to write (give it as --dataset to train.py)")

@@ -628,7 +628,7 @@ def test_the_gpu_suites_next_call_names_its_machine_again(tmp_path):
                                            ("--compile_mode=reduce-overhead", "sets a compile_mode with CUDA graphs"),
                                            ("--dtype=float16 --compile_mode=max-autotune", "compile_mode with CUDA graphs"),
                                            ("--compile_mode='reduce-overhead'", "compile_mode with CUDA graphs"),
-                                           ('"--block_size=512"', "sets the batch shape"),
+                                           ("--block_size'=512'", "sets the batch shape"),
                                            ("config/train_gpt2.py", "not a config file"),
                                            ("--fp8=True --compile", "not a config file or a bare word"),
                                            ("--dtype='bfloat16", "balance its quotes")])

@@ -15,7 +15,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
-from common import ArgumentParser  # noqa: E402
+from common import ArgumentParser, start_script  # noqa: E402
 from data.prepare import PrepareError, prepare_corpus, refuse_to_replace, run_cli  # noqa: E402
 
 REPO = "Skylion007/openwebtext"
@@ -44,6 +44,7 @@ def openwebtext_texts(load_dataset, workers: int | None):
 
 
 if __name__ == "__main__":
+    start_script()
     parser = ArgumentParser(__doc__)
     parser.add_argument("--out_dir", default=HERE, help="where to write the token files and meta.json")
     parser.add_argument("--workers", type=int, default=os.cpu_count() // 2 or 1, help="download and tokenizer processes")

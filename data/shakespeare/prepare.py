@@ -18,7 +18,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
 from data.prepare import refuse_to_replace, run_cli, write_dataset  # noqa: E402
-from common import ArgumentParser, UserError  # noqa: E402
+from common import ArgumentParser, UserError, start_script  # noqa: E402
 from data.tinyshakespeare import CHAR_DIR, describe_text, load_text  # noqa: E402
 from tokenizer import EOT, gpt2_encoding  # noqa: E402
 
@@ -41,6 +41,7 @@ def prepare(text: str, out_dir: str, rank_file: str | None = None, source: str =
 
 
 if __name__ == "__main__":
+    start_script()
     parser = ArgumentParser(__doc__)
     parser.add_argument("--input", help="a text file to use instead of tiny Shakespeare")
     parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin and meta.json")

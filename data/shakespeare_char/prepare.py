@@ -19,7 +19,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root, for data.prepare
-from common import ArgumentParser  # noqa: E402
+from common import ArgumentParser, start_script  # noqa: E402
 from data.prepare import CharCodec, PrepareError, refuse_to_replace, run_cli, write_dataset  # noqa: E402
 from data.tinyshakespeare import describe_text, load_text  # noqa: E402
 
@@ -45,6 +45,7 @@ def prepare(text: str, out_dir: str, source: str = "text given to prepare()", ov
 
 
 if __name__ == "__main__":
+    start_script()
     parser = ArgumentParser(__doc__)
     parser.add_argument("--input", help="a text file to use instead of tiny Shakespeare")
     parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin, meta.json and meta.pkl")
