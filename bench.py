@@ -548,6 +548,17 @@ def warm_up(run: dict, steps: int) -> str:
     return f"warm-up: {steps} steps in {time.perf_counter() - t0:.1f} s" + (" (compilation included)" if run["compiled"] else "")
 
 
+def vocabulary_note(cfg: dict) -> str | None:
+    """What to say of a config whose dataset gives no vocabulary (see unprepared), else None. Not for the default,
+    openwebtext, which is GPT-2's vocabulary either way, nor with real_data, whose read says the same as an error."""
+    if cfg["mode"] not in ("train", "generate") or cfg["vocab_size"] or cfg["real_data"] or \
+            cfg["dataset"] == config_defaults["dataset"]:
+        return None
+    why = unprepared(cfg["dataset"])
+    return f"{why}; until it is, the model is timed with GPT-2's vocabulary, 50304 (or give --vocab_size=N)" if why \
+        else None
+
+
 def variants_of(config: dict, compare: str) -> dict[str, dict]:
     """The configs that --compare names: flags on top of config, several separated by ';'. Labelled B, or
     B1, B2, ... when there are several."""
@@ -596,6 +607,10 @@ def compare_configs(config: dict, compare: str, warmup_steps: int, num_steps: in
     changed = sorted({k for c in configs.values() for k in c if c[k] != config[k]}, key=list(config).index)
     for label, c in configs.items():
         print(f"{label}: " + ", ".join(f"{k}={c[k]!r}" for k in changed))
+    for label, c in configs.items():  # A's was said before (main)
+        note = vocabulary_note(c) if label != "A" and c["dataset"] != config["dataset"] else None
+        if note:  # else B is timed as A, and its ratio read as the dataset's doing
+            print(f"note: {label}: {note}")
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(configs))
     stopped, building = [], [True]
 
@@ -724,10 +739,9 @@ if __name__ == "__main__":
         print("on a CPU, the model keys left at their defaults are shrunk: "
               + ", ".join(f"{k}={v}" for k, v in shrunk.items()))
     globals().update(config)
-    why = unprepared(dataset) if mode in ("train", "generate") and not vocab_size and not real_data \
-        and dataset != config_defaults["dataset"] else None  # real_data: reading it says the same, as an error
-    if why:  # the default, openwebtext, is GPT-2's vocabulary either way
-        print(f"note: {why}; until it is, the model is timed with GPT-2's vocabulary, 50304 (or give --vocab_size=N)")
+    note = vocabulary_note(config)
+    if note:
+        print(f"note: {note}")
     if batch_size == "auto" and mode != "train":
         raise UserError(f"batch_size='auto' plans training memory: give --mode={mode} a number, e.g. --batch_size=12")
     if mode in ("get_batch", "prepare"):  # a SIGTERM (a budget's, the GPU suite's) unwinds: their temporary files go

@@ -428,6 +428,18 @@ def test_bench_gives_a_dataset_the_vocabulary_train_gives_it(char_data, tmp_path
                                                          f"{tmp_path / 'empty'}"
 
 
+def test_a_compared_dataset_that_is_not_prepared_is_said_not_timed_as_a_and_read_as_the_datasets_doing(char_data,
+                                                                                                     tmp_path):
+    """--compare=--dataset=typo built B at GPT-2's vocabulary, the model A is, and printed its ratio with no note."""
+    result = run_script("bench.py", "--device=cpu", "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32",
+                        "--block_size=32", "--batch_size=2", "--num_steps=1", "--warmup_steps=1", "--rounds=1",
+                        f"--dataset={char_data}", f"--compare=--dataset={tmp_path / 'typo'}", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stdout.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith(f"note: B: dataset '{tmp_path / 'typo'}' not found")
+    assert notes[0].endswith("until it is, the model is timed with GPT-2's vocabulary, 50304 (or give --vocab_size=N)")
+
+
 def test_every_train_setting_is_a_bench_setting_or_declared_irrelevant_to_speed():
     import bench
     import train
